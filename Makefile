@@ -1,0 +1,38 @@
+# `make demo` and `make test` create the environment when it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The oldest supported Transformers, installed beside the main environment and put first on PYTHONPATH
+# for the tests that pin down the model and its remote code.
+COMPAT := .venv-transformers-5.5
+COMPAT_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.2 \
+	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna
+COMPAT_TESTS := tests/test_modeling.py tests/test_remote_code.py
+
+.PHONY: demo test test-fast install
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+$(COMPAT)/.installed: Makefile
+	rm -rf $(COMPAT)
+	$(PY) -m pip install -q --no-deps --target $(COMPAT) $(COMPAT_PACKAGES)
+	touch $@
+
+test: install $(COMPAT)/.installed
+	$(PY) -m pytest -q
+	PYTHONPATH=$(COMPAT) $(PY) -m pytest -q $(COMPAT_TESTS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+demo: install
+	$(PY) -m demo $(if $(BASE),--base $(BASE)) $(if $(DATA),--data $(DATA)) \
+		$(if $(STEPS),--steps $(STEPS)) $(if $(DEVICE),--device $(DEVICE)) $(if $(OUT),--out $(OUT))

@@ -1,0 +1,31 @@
+"""`delta-qwen3`: one entry point; each subcommand lives with the package that implements it."""
+
+import argparse
+import importlib
+import sys
+
+from .errors import CommandError
+
+# Modules that define `register(subparsers)`; each sets `func(args) -> int` on its parsers.
+SUBCOMMAND_MODULES = ("conversion.cli", "eval.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="delta-qwen3", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except CommandError as error:
+        print(f"delta-qwen3 {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""DeltaQwen3: Qwen3 with Delta Attention Residuals (arXiv 2605.18855).
+
+Qwen3's attention, MLP, norms and rotary embedding are used unchanged; each decoder layer only asks the depth state
+(see `routing.py`) for its sublayers' inputs and hands their outputs back. With zero queries, unit norm weights and
+zero gates a gated delta model computes exactly what the Qwen3 model with the same weights computes.
+"""
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
+    Qwen3MLP,
+    Qwen3PreTrainedModel,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+)
+
+from .configuration_delta_qwen3 import DeltaQwen3Config
+from .routing import DEPTH_STATES, DepthState, RoutingPoint
+
+# Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
+# with checkpoints and runs inside whichever Transformers a user has, so it speaks the installed version's name.
+CACHE_NAME = "cache" if "cache" in inspect.signature(Qwen3Attention.forward).parameters else "past_key_values"
+
+
+@dataclass
+class DeltaQwen3ModelOutput(BaseModelOutputWithPast):
+    """
+    routing_weights (`tuple(torch.FloatTensor)`, *optional*, returned when `output_routing_weights=True`):
+        One tensor `[batch, seq, n_sources]` per routing point, in the order they run (the final point last).
+    """
+
+    routing_weights: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class DeltaQwen3CausalLMOutput(CausalLMOutputWithPast):
+    """
+    routing_weights (`tuple(torch.FloatTensor)`, *optional*, returned when `output_routing_weights=True`):
+        One tensor `[batch, seq, n_sources]` per routing point, in the order they run (the final point last).
+    """
+
+    routing_weights: tuple[torch.Tensor, ...] | None = None
+
+
+assert CACHE_NAME in {f.name for f in fields(BaseModelOutputWithPast)}
+
+
+class DeltaQwen3DecoderLayer(nn.Module):
+    """A Qwen3 decoder layer whose attention and MLP sublayers read routed inputs from the depth state.
+
+    Layer 0's attention is the model's first sublayer and has no routing point (`attn_route` is None).
+    Under gradient checkpointing each sublayer is recomputed on its own: the routing, whose sources span layers,
+    stays outside the checkpoints and saves only references to tensors that exist anyway.
+    """
+
+    def __init__(self, config: DeltaQwen3Config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attention_type = config.layer_types[layer_idx]
+        self.self_attn = Qwen3Attention(config=config, layer_idx=layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        gated = config.routing_gate
+        self.attn_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated) if layer_idx > 0 else None
+        self.mlp_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated)
+        self.gradient_checkpointing = False
+
+    def _attention(self, x: torch.Tensor, position_embeddings, attention_mask, cache, **kwargs) -> torch.Tensor:
+        hidden = self.input_layernorm(x)
+        return self.self_attn(hidden, position_embeddings, attention_mask, **{CACHE_NAME: cache}, **kwargs)[0]
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(x))
+
+    def _run(self, sublayer: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func(sublayer, x, *args, **kwargs)
+        return sublayer(x, *args, **kwargs)
+
+    def forward(
+        self,
+        state: DepthState,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> DepthState:
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            cache = None  # recomputing attention in backward would write the cache a second time
+        state.enter_layer(self.layer_idx)
+        x = state.routed_input(self.attn_route)
+        state.add_output(self._run(self._attention, x, position_embeddings, attention_mask, cache, **kwargs))
+        x = state.routed_input(self.mlp_route)
+        state.add_output(self._run(self._feed_forward, x))
+        return state
+
+
+class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
+    config_class = DeltaQwen3Config
+    config: DeltaQwen3Config
+    _no_split_modules = ["DeltaQwen3DecoderLayer"]
+    _can_record_outputs = {}
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, RoutingPoint):
+            init.zeros_(module.query)
+            init.ones_(module.norm.weight)
+            if module.gate is not None:
+                init.zeros_(module.gate)
+
+
+class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
+    """The DeltaQwen3 decoder: embeddings, routed decoder layers, (for AttnRes modes) a final routing point, norm."""
+
+    def __init__(self, config: DeltaQwen3Config):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [DeltaQwen3DecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.final_route = (
+            RoutingPoint(config.hidden_size, config.rms_norm_eps, gated=False)
+            if config.routing_mode.startswith("attnres")
+            else None
+        )
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def _causal_masks(self, inputs_embeds, attention_mask, cache, position_ids) -> dict:
+        if isinstance(attention_mask, dict):  # already prepared, e.g. by `generate`
+            return attention_mask
+        mask_kwargs = {
+            "config": self.config,
+            "inputs_embeds": inputs_embeds,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            CACHE_NAME: cache,
+        }
+        masks = {"full_attention": create_causal_mask(**mask_kwargs)}
+        if "sliding_attention" in self.config.layer_types:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+        return masks
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_routing_weights: bool = False,
+        cache: Cache | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> DeltaQwen3ModelOutput:
+        r"""
+        output_routing_weights (`bool`, *optional*, defaults to `False`):
+            Return the routing weights of every routing point (SPEC section 5).
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        cache = cache if cache is not None else past_key_values
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = position_ids.unsqueeze(0)
+
+        masks = self._causal_masks(inputs_embeds, attention_mask, cache, position_ids)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
+        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config)
+        for layer in self.layers[: self.config.num_hidden_layers]:
+            state = layer(
+                state,
+                position_embeddings,
+                attention_mask=masks[layer.attention_type],
+                cache=cache,
+                position_ids=position_ids,
+                **kwargs,
+            )
+        hidden_states = self.norm(state.final_hidden(self.final_route))
+        return DeltaQwen3ModelOutput(
+            last_hidden_state=hidden_states,
+            routing_weights=tuple(state.routing_weights) if output_routing_weights else None,
+            **{CACHE_NAME: cache if use_cache else None},
+        )
+
+
+class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
+    """DeltaQwen3 with a language-modelling head; a drop-in replacement for `Qwen3ForCausalLM`.
+
+    ```python
+    >>> from transformers import AutoModelForCausalLM, AutoTokenizer
+    >>> model = AutoModelForCausalLM.from_pretrained("path/or/repo", trust_remote_code=True)
+    >>> tokenizer = AutoTokenizer.from_pretrained("path/or/repo")
+    >>> out = model.generate(**tokenizer("Depth routing", return_tensors="pt"), max_new_tokens=20)
+    >>> weights = model(**tokenizer("Depth routing", return_tensors="pt"), output_routing_weights=True).routing_weights
+    ```
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config: DeltaQwen3Config):
+        super().__init__(config)
+        self.model = DeltaQwen3Model(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_routing_weights: bool = False,
+        cache: Cache | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> DeltaQwen3CausalLMOutput | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Labels for the language-modelling loss, as in `Qwen3ForCausalLM`.
+        output_routing_weights (`bool`, *optional*, defaults to `False`):
+            Return the routing weights of every routing point (SPEC section 5).
+        """
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache if cache is not None else past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_routing_weights=output_routing_weights,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        output = DeltaQwen3CausalLMOutput(
+            loss=loss,
+            logits=logits,
+            routing_weights=outputs.routing_weights,
+            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+__all__ = ["DeltaQwen3ForCausalLM", "DeltaQwen3Model", "DeltaQwen3PreTrainedModel"]

@@ -1,0 +1,192 @@
+"""Routing over depth (SPEC section 2): the routing point, and what a forward pass carries from layer to layer.
+
+Sublayer `s` (`2i` = layer i's attention, `2i+1` its MLP) computes `v_s = f_s(h_hat_s)`. The modes differ only in
+which sources exist, when they are added, and whether the routed mixture is added to a residual stream or
+replaces it. Each mode is one small `DepthState` below:
+
+    delta          h_hat_s = h_s + gamma_s * mix_s([h_0, v_0, ..., v_{s-1}])         h_{s+1} = h_s + v_s
+    delta_block    h_hat_s = h_s + gamma_s * mix_s([h_0, Delta_1, ..., Delta_k])     Delta_k = H_k - H_{k-1}
+    attnres_full   h_hat_s = mix_s([h_0, v_0, ..., v_{s-1}]);    output = mix_final(all sources)
+    attnres_block  h_hat_s = mix_s([B_0, ..., B_{j-1}, P]);     output = mix_final([B_0, ..., B_last])
+
+Sublayer 0 is never routed: its input is `h_0`.
+"""
+
+import copy
+
+import torch
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from .configuration_delta_qwen3 import DeltaQwen3Config
+from .depth_mix import depth_mix, inverse_rms
+
+
+class RoutingPoint(nn.Module):
+    """A query `q_p`, an RMSNorm weight `g_p` and, when gated, a scalar gate `gamma_p` (all initialised so that
+    routing starts uniform and, gated, switched off)."""
+
+    def __init__(self, hidden_size: int, eps: float, gated: bool):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(hidden_size))
+        self.norm = Qwen3RMSNorm(hidden_size, eps=eps)
+        self.gate = nn.Parameter(torch.zeros(())) if gated else None
+
+    def route(
+        self, sources: list[torch.Tensor], inv_rms: list[torch.Tensor], residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gamma * mix` when a residual is given, else `mix`; also returns the routing weights."""
+        gate = self.gate if residual is not None else None
+        return depth_mix(sources, inv_rms, self.query, self.norm.weight, residual=residual, gate=gate)
+
+
+class DepthState:
+    """The sources of one forward pass and their inverse RMS, each computed once, plus the mode's own tensors.
+
+    Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
+    """
+
+    def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config):
+        self.eps = config.rms_norm_eps
+        self.layers_per_block = config.layers_per_block
+        self.sources: list[torch.Tensor] = []
+        self.inv_rms: list[torch.Tensor] = []
+        self.routing_weights: list[torch.Tensor] = []
+        self.h0 = h0
+        self.add_source(h0)
+
+    def add_source(self, x: torch.Tensor) -> None:
+        self.sources.append(x)
+        self.inv_rms.append(inverse_rms(x, self.eps))
+
+    def starts_block(self, layer_idx: int) -> bool:
+        return layer_idx > 0 and layer_idx % self.layers_per_block == 0
+
+    def _route(self, point: RoutingPoint, sources, inv_rms, residual=None) -> torch.Tensor:
+        routed, weights = point.route(sources, inv_rms, residual)
+        self.routing_weights.append(weights)
+        return routed
+
+    def enter_layer(self, layer_idx: int) -> None:
+        """Called before layer `layer_idx` routes its attention input."""
+
+    def routed_input(self, point: RoutingPoint | None) -> torch.Tensor:
+        """The input `h_hat_s` of the next sublayer; `point` is None for sublayer 0, which is never routed."""
+        raise NotImplementedError
+
+    def add_output(self, v: torch.Tensor) -> None:
+        """Hand back the output `v_s` of the sublayer that just ran."""
+        raise NotImplementedError
+
+    def final_hidden(self, final_point: RoutingPoint | None) -> torch.Tensor:
+        """The hidden state that goes into the final norm."""
+        raise NotImplementedError
+
+    def to(self, *args, **kwargs) -> "DepthState":
+        """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
+        moved = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(moved, name, value.to(*args, **kwargs))
+            elif isinstance(value, list) and name != "routing_weights":
+                setattr(moved, name, [t.to(*args, **kwargs) for t in value])
+        return moved
+
+
+class _AdditiveState(DepthState):
+    """Delta modes: the ordinary residual stream is kept and the routed mixture is added to it."""
+
+    def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config):
+        super().__init__(h0, config)
+        self.hidden = h0
+
+    def routed_input(self, point):
+        if point is None:
+            return self.hidden
+        return self._route(point, self.sources, self.inv_rms, residual=self.hidden)
+
+    def final_hidden(self, final_point):
+        return self.hidden
+
+
+class DeltaState(_AdditiveState):
+    """`delta`: every sublayer's output is a source."""
+
+    def add_output(self, v):
+        self.hidden = self.hidden + v
+        self.add_source(v)
+
+
+class DeltaBlockState(_AdditiveState):
+    """`delta_block`: the change of the residual stream over each finished block is a source, visible from the
+    next block's first attention sublayer on."""
+
+    def __init__(self, h0, config):
+        super().__init__(h0, config)
+        self.block_start = h0
+
+    def enter_layer(self, layer_idx):
+        if self.starts_block(layer_idx):
+            self.add_source(self.hidden - self.block_start)
+            self.block_start = self.hidden
+
+    def add_output(self, v):
+        self.hidden = self.hidden + v
+
+
+class AttnResFullState(DepthState):
+    """`attnres_full`: no residual stream; each sublayer reads a mixture of the embedding and all earlier outputs."""
+
+    def routed_input(self, point):
+        if point is None:
+            return self.h0
+        return self._route(point, self.sources, self.inv_rms)
+
+    def add_output(self, v):
+        self.add_source(v)
+
+    def final_hidden(self, final_point):
+        return self._route(final_point, self.sources, self.inv_rms)
+
+
+class AttnResBlockState(DepthState):
+    """`attnres_block`: sources are the embedding and finished block sums `B_j`, plus the running partial sum `P`
+    of the current block."""
+
+    def __init__(self, h0, config):
+        super().__init__(h0, config)
+        self.partial: torch.Tensor | None = None
+        self.partial_inv_rms: torch.Tensor | None = None
+
+    def _close_block(self):
+        if self.partial is not None:
+            self.sources.append(self.partial)
+            self.inv_rms.append(self.partial_inv_rms)
+            self.partial = self.partial_inv_rms = None
+
+    def enter_layer(self, layer_idx):
+        if self.starts_block(layer_idx):
+            self._close_block()
+
+    def routed_input(self, point):
+        if point is None:
+            return self.h0
+        if self.partial is None:
+            return self._route(point, self.sources, self.inv_rms)
+        return self._route(point, [*self.sources, self.partial], [*self.inv_rms, self.partial_inv_rms])
+
+    def add_output(self, v):
+        self.partial = v if self.partial is None else self.partial + v
+        self.partial_inv_rms = inverse_rms(self.partial, self.eps)
+
+    def final_hidden(self, final_point):
+        self._close_block()
+        return self._route(final_point, self.sources, self.inv_rms)
+
+
+DEPTH_STATES: dict[str, type[DepthState]] = {
+    "delta": DeltaState,
+    "delta_block": DeltaBlockState,
+    "attnres_full": AttnResFullState,
+    "attnres_block": AttnResBlockState,
+}
