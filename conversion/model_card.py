@@ -1,0 +1,95 @@
+"""The model card (`README.md` with Hub metadata) of a DeltaQwen3 checkpoint."""
+
+from pathlib import Path
+
+from huggingface_hub import ModelCard, ModelCardData, metadata_load
+
+from modeling_delta_qwen3 import DeltaQwen3Config
+
+from .target_config import is_function_preserving
+
+PAPER = "[Delta Attention Residuals](https://arxiv.org/abs/2605.18855)"
+TAGS = ["delta-qwen3", "delta-attention-residuals", "qwen3", "custom_code"]
+LICENSE_KEYS = ("license", "license_name", "license_link")
+
+
+def card_license(directory: Path) -> dict:
+    """The license fields of the model card in `directory` (empty when it has none or they cannot be read), so a
+    converted checkpoint keeps its source's license."""
+    try:
+        metadata = metadata_load(directory / "README.md") or {}
+    except (OSError, ValueError):
+        return {}
+    return {key: metadata[key] for key in LICENSE_KEYS if metadata.get(key)}
+
+
+def conversion_description(source_name: str, config: DeltaQwen3Config) -> str:
+    """What a freshly converted checkpoint is, and whether it still computes what its source computed."""
+    link = f"[{source_name}](https://huggingface.co/{source_name})" if "/" in source_name else f"`{source_name}`"
+    if is_function_preserving(config):
+        status = (
+            "Freshly converted, its routing queries are zero, its routing norms one and its gates zero, so it computes "
+            "exactly what the source computes; fine-tuning lets the routing learn."
+        )
+    else:
+        status = (
+            "This routing setting changes the function: the checkpoint does **not** reproduce the source's outputs "
+            "until it is fine-tuned."
+        )
+    return f"{link} converted to DeltaQwen3 with `delta-qwen3 convert`. {status}"
+
+
+def _routing_table(config: DeltaQwen3Config) -> str:
+    rows = [("routing_mode", f"`{config.routing_mode}`"), ("routing_gate", f"`{config.routing_gate}`")]
+    if config.routing_mode.endswith("block"):
+        rows.append(("routing_num_blocks", f"`{config.routing_num_blocks}` ({config.layers_per_block} layers per block)"))
+    rows.append(("num_hidden_layers", f"`{config.num_hidden_layers}`"))
+    return "\n".join(["| setting | value |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows)])
+
+
+def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, base_model: str | None = None,
+                     license: dict | None = None) -> ModelCard:
+    """A card for the checkpoint published (or saved) as `model_id`: Hub metadata, what it is, its routing
+    settings and how to load it."""
+    data = ModelCardData(
+        base_model=base_model,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=list(TAGS),
+        **(license or {}),
+    )
+    body = f"""
+# {model_id.rsplit("/", 1)[-1]}
+
+Qwen3 with {PAPER} (Luo, Cai, Hu, 2026): each attention and MLP sublayer adds a learned, per-token softmax mixture
+of what earlier sublayers (or blocks of layers) added to the residual stream.
+
+{description}
+
+## Routing
+
+{_routing_table(config)}
+
+## Usage
+
+The model code ships with the checkpoint, so only Transformers is needed:
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{model_id}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)
+inputs = tokenizer("Depth routing", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))
+routing_weights = model(**inputs, output_routing_weights=True).routing_weights
+```
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+def write_model_card(directory: Path, config: DeltaQwen3Config, model_id: str, description: str,
+                     base_model: str | None = None, license: dict | None = None) -> Path:
+    """Write `build_model_card(...)` as `directory/README.md` and return its path."""
+    path = Path(directory) / "README.md"
+    build_model_card(config, model_id, description, base_model, license).save(path)
+    return path

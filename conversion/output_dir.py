@@ -1,0 +1,53 @@
+"""Write a directory completely or not at all: into a temporary sibling, renamed into place when complete."""
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from delta_qwen3.errors import CommandError
+
+
+def check_target(target: Path, overwrite: bool) -> None:
+    """Refuse a target that is a file, or a non-empty directory unless `overwrite`."""
+    if target.exists() and not target.is_dir():
+        raise CommandError(f"OUT {target} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise CommandError(f"OUT {target} exists and is not empty (pass --overwrite to replace it)")
+
+
+def check_not_nested(src: Path, target: Path) -> None:
+    """Refuse a target inside the source (the source is never written to) or containing it (replacing the target
+    would delete the source)."""
+    src, target = src.resolve(), target.resolve()
+    if target == src or target.is_relative_to(src):
+        raise CommandError(f"OUT {target} is inside SRC {src}; the source is never written to, choose another OUT")
+    if src.is_relative_to(target):
+        raise CommandError(f"SRC {src} is inside OUT {target}; replacing OUT would delete it, choose another OUT")
+
+
+@contextmanager
+def staged_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty directory next to `target`; when the block completes, it replaces `target` (which
+    `check_target` allowed). On any error or interrupt it is removed and `target` is left as it was."""
+    check_target(target, overwrite)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        yield staging
+        if target.exists():
+            retired = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+            target.rename(retired)
+            try:
+                staging.rename(target)
+            except BaseException:
+                retired.rename(target)
+                raise
+            shutil.rmtree(retired)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,41 @@
+"""The DeltaQwen3 configuration of a converted checkpoint: the source's Qwen3 fields plus the routing fields."""
+
+import torch
+from huggingface_hub.errors import StrictDataclassError
+
+from delta_qwen3.errors import CommandError
+from modeling_delta_qwen3 import DeltaQwen3Config
+from modeling_delta_qwen3.configuration_delta_qwen3 import DELTA_MODES
+
+# Keys of a Qwen3 config.json that describe the file rather than the model; the target writes its own.
+_FILE_KEYS = ("model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype")
+OUTPUT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def output_dtype(dtype: str | torch.dtype | None, source_dtype: str) -> torch.dtype:
+    """The dtype the converted weights are written in: `dtype` if given, else the source's."""
+    name = str(dtype).removeprefix("torch.") if dtype is not None else source_dtype
+    if name not in OUTPUT_DTYPES:
+        raise CommandError(f"dtype {name!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+    return getattr(torch, name)
+
+
+def delta_config(qwen3_config: dict, mode: str, num_blocks: int, gate: bool | None,
+                 dtype: torch.dtype) -> DeltaQwen3Config:
+    """The DeltaQwen3 config for a Qwen3 `config.json`. `gate=None` gates the delta modes (so the conversion is
+    exact) and leaves the AttnRes modes ungated (they have no gate). Invalid routing settings, such as a block
+    count out of range for the model's depth, are refused with the config's own message."""
+    gate = mode in DELTA_MODES if gate is None else gate
+    fields = {key: value for key, value in qwen3_config.items() if key not in _FILE_KEYS}
+    try:
+        config = DeltaQwen3Config(**fields, routing_mode=mode, routing_num_blocks=num_blocks, routing_gate=gate)
+    except (ValueError, TypeError, StrictDataclassError) as error:
+        raise CommandError(f"cannot convert to DeltaQwen3: {error}")
+    config.architectures = ["DeltaQwen3ForCausalLM"]
+    config.dtype = dtype
+    return config
+
+
+def is_function_preserving(config: DeltaQwen3Config) -> bool:
+    """Whether a freshly converted checkpoint computes exactly what its source did (SPEC section 2.5)."""
+    return config.routing_mode in DELTA_MODES and config.routing_gate
