@@ -8,6 +8,7 @@ zero gates a gated delta model computes exactly what the Qwen3 model with the sa
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 from torch import nn
@@ -25,6 +26,10 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
+
+# Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
+# file imports itself: so it imports every module of the package, including the one only `routing.py` uses.
+from .depth_mix import depth_mix  # noqa: F401
 from .routing import DEPTH_STATES, DepthState, RoutingPoint
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
@@ -85,7 +90,8 @@ class DeltaQwen3DecoderLayer(nn.Module):
 
     def _run(self, sublayer: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return self._gradient_checkpointing_func(sublayer, x, *args, **kwargs)
+            # Keyword arguments are bound first: reentrant checkpointing accepts positional ones only.
+            return self._gradient_checkpointing_func(partial(sublayer, **kwargs), x, *args)
         return sublayer(x, *args, **kwargs)
 
     def forward(

@@ -65,7 +65,8 @@ def qwen3_checkpoint(tmp_path_factory, tokenizer) -> Path:
 def isolated_env() -> dict:
     """The environment for a fresh interpreter: PYTHONPATH without this project, offline, deterministic."""
     env = dict(os.environ)
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO_ROOT]
+    entries = [Path(p).resolve() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    kept = [str(p) for p in entries if p != REPO_ROOT]  # absolute: the subprocess runs elsewhere
     env["PYTHONPATH"] = os.pathsep.join(kept)
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONHASHSEED="0")
     return env
@@ -96,3 +97,9 @@ def run_without_project(code: str, cwd: Path, timeout: int = 300) -> subprocess.
 def last_json_line(stdout: str):
     """The last line of a subprocess's output, parsed as JSON: how isolated scripts report values."""
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def pytest_report_header(config):
+    import transformers
+
+    return f"transformers {transformers.__version__} ({Path(transformers.__file__).parent})"

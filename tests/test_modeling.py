@@ -1,0 +1,304 @@
+"""The model against SPEC sections 2-5: the maths of every mode, exact conversion, caching, checkpointing."""
+
+import copy
+
+import pytest
+import torch
+from conftest import tiny_qwen3_config
+from spec_reference import randomize_routing, reference_forward
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM
+
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
+from modeling_delta_qwen3.depth_mix import depth_mix, inverse_rms
+
+MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
+# (mode, gated): every mode, and the gate where it exists.
+# Five layers, so that 2 and 3 blocks give uneven blocks; weights large enough that routing changes the logits.
+SHAPE = dict(num_hidden_layers=5, initializer_range=0.1)
+VARIANTS = [("delta", False), ("delta", True), ("delta_block", False), ("delta_block", True)] + [
+    ("attnres_full", False),
+    ("attnres_block", False),
+]
+
+
+def delta_config(mode: str = "delta_block", gated: bool = False, **overrides) -> DeltaQwen3Config:
+    fields = tiny_qwen3_config(**{**SHAPE, **overrides}).to_dict()
+    fields.pop("model_type")
+    return DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated, routing_num_blocks=2)
+
+
+def random_model(mode: str, gated: bool = False, seed: int = 0, scale: float = 0.3) -> DeltaQwen3ForCausalLM:
+    torch.manual_seed(seed)
+    model = DeltaQwen3ForCausalLM(delta_config(mode, gated)).eval()
+    randomize_routing(model, seed, scale)
+    return model
+
+
+def token_ids(batch: int = 2, seq: int = 11, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, 512, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("mode,gated", VARIANTS)
+@pytest.mark.parametrize("num_blocks", [2, 3])
+def test_matches_spec_reference(mode, gated, num_blocks):
+    model = random_model(mode, gated)
+    model.config.routing_num_blocks = num_blocks
+    ids = token_ids()
+    expected_logits, expected_weights = reference_forward(model, ids)
+    out = model.double()(ids, output_routing_weights=True)
+    torch.testing.assert_close(out.logits, expected_logits, atol=1e-5, rtol=0)
+    assert len(out.routing_weights) == len(expected_weights)
+    for got, expected in zip(out.routing_weights, expected_weights):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    # In float32 the model differs from the float64 reference by rounding alone.
+    logits32 = model.float()(ids).logits
+    torch.testing.assert_close(logits32.double(), expected_logits, atol=1e-4, rtol=0)
+
+
+def test_reference_is_sensitive_to_routing():
+    """The reference would catch a model that ignored its routing parameters."""
+    model = random_model("delta")
+    ids = token_ids()
+    before, _ = reference_forward(model, ids)
+    with torch.no_grad():
+        model.model.layers[3].mlp_route.query.mul_(-1)
+    after, _ = reference_forward(model, ids)
+    assert (before - after).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_routing_weight_shapes(mode):
+    config = delta_config(mode)  # 5 layers, 2 blocks of 3 layers
+    out = DeltaQwen3ForCausalLM(config)(token_ids(batch=2, seq=7), output_routing_weights=True)
+    counts = [w.shape[-1] for w in out.routing_weights]
+    expected = {
+        "delta": list(range(2, 11)),
+        "delta_block": [1] * 5 + [2] * 4,
+        "attnres_full": list(range(2, 12)),
+        "attnres_block": [2] * 5 + [2] + [3] * 3 + [3],
+    }[mode]
+    assert counts == expected
+    for weights in out.routing_weights:
+        assert weights.shape[:2] == (2, 7)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 7))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parameter_names_shapes_and_init(mode):
+    gated = mode.startswith("delta")
+    config = delta_config(mode, gated)
+    model = DeltaQwen3ForCausalLM(config)
+    routing = {name: p for name, p in model.state_dict().items() if "_route." in name}
+    expected = set()
+    for i in range(config.num_hidden_layers):
+        for kind in (["attn", "mlp"] if i >= 1 else ["mlp"]):
+            expected |= {f"model.layers.{i}.{kind}_route.query", f"model.layers.{i}.{kind}_route.norm.weight"}
+            if gated:
+                expected.add(f"model.layers.{i}.{kind}_route.gate")
+    if mode.startswith("attnres"):
+        expected |= {"model.final_route.query", "model.final_route.norm.weight"}
+    assert set(routing) == expected
+    for name, value in routing.items():
+        shape, fill = {"query": ((64,), 0.0), "weight": ((64,), 1.0), "gate": ((), 0.0)}[name.rsplit(".", 1)[1]]
+        assert value.shape == shape
+        assert torch.equal(value, torch.full(shape, fill))
+    qwen3_names = set(Qwen3ForCausalLM(tiny_qwen3_config(**SHAPE)).state_dict())
+    assert set(model.state_dict()) - expected == qwen3_names
+
+
+@pytest.mark.parametrize("mode", ["delta", "delta_block"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_gated_zero_init_reproduces_qwen3(mode, tied):
+    torch.manual_seed(0)
+    qwen3 = Qwen3ForCausalLM(tiny_qwen3_config(**SHAPE, tie_word_embeddings=tied)).eval()
+    delta = DeltaQwen3ForCausalLM(delta_config(mode, gated=True, tie_word_embeddings=tied)).eval()
+    missing, unexpected = delta.load_state_dict(qwen3.state_dict(), strict=False)
+    assert not unexpected and all("_route." in name for name in missing)
+    ids = token_ids()
+    expected = qwen3(ids).logits
+    torch.testing.assert_close(delta(ids).logits, expected, atol=1e-5, rtol=0)
+    # Once the gates open, routing changes the function.
+    randomize_routing(delta)
+    assert (delta(ids).logits - expected).abs().max() > 1e-2
+
+
+def test_ungated_zero_init_adds_the_mean_of_the_sources():
+    """Ungated, zero queries add the uniform mean of the sources. In `delta` mode that mean is `h_s / n`, which
+    the pre-norm cancels (up to its eps); in `delta_block` it is not proportional to `h_s`, so the function moves."""
+    torch.manual_seed(0)
+    qwen3 = Qwen3ForCausalLM(tiny_qwen3_config(**SHAPE)).eval()
+    ids = token_ids()
+    expected = qwen3(ids).logits
+    differences = {}
+    for mode in ("delta", "delta_block"):
+        ungated = DeltaQwen3ForCausalLM(delta_config(mode, gated=False)).eval()
+        ungated.load_state_dict(qwen3.state_dict(), strict=False)
+        differences[mode] = (ungated(ids).logits - expected).abs().max().item()
+    assert differences["delta"] < 1e-4
+    assert differences["delta_block"] > 1e-2
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_depth_mix_gradients_match_autograd(gated):
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    sources = [rand(2, 3, 8) for _ in range(4)]
+    query, norm_weight, residual = rand(8), rand(8), rand(2, 3, 8)
+    gate = rand(()) if gated else None
+
+    def fused(residual, query, norm_weight, gate, *sources):
+        inv = [inverse_rms(x, 1e-6) for x in sources]
+        return depth_mix(list(sources), inv, query, norm_weight, residual=residual, gate=gate)[0]
+
+    inputs = (residual, query, norm_weight, gate, *sources)
+    assert torch.autograd.gradcheck(fused, inputs)
+    assert torch.autograd.gradcheck(lambda q, g, *xs: fused(None, q, g, None, *xs), (query, norm_weight, *sources))
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode,gated", VARIANTS)
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradient_checkpointing_same_loss_and_gradients(mode, gated, reentrant):
+    model = random_model(mode, gated).train()
+    ids = token_ids()
+    loss, grads = _loss_and_grads(model, ids)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    assert model.model.layers[0].gradient_checkpointing
+    loss_ckpt, grads_ckpt = _loss_and_grads(model, ids)
+    torch.testing.assert_close(loss_ckpt, loss, atol=1e-6, rtol=0)
+    assert grads.keys() == grads_ckpt.keys() and any("_route." in n for n in grads)
+    for name in grads:
+        torch.testing.assert_close(grads_ckpt[name], grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sdpa_and_eager_agree(mode):
+    model = random_model(mode, gated=mode.startswith("delta"))
+    ids = token_ids()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding in the second row
+    model.set_attn_implementation("eager")
+    eager = model(ids, attention_mask=mask).logits
+    model.set_attn_implementation("sdpa")
+    sdpa = model(ids, attention_mask=mask).logits
+    real = mask.bool()  # padded positions attend to nothing; each backend fills them differently
+    torch.testing.assert_close(sdpa[real], eager[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generate_with_and_without_cache(mode):
+    model = random_model(mode, gated=mode.startswith("delta"), scale=1.0)
+    prompt = token_ids(batch=1, seq=6)
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=2, eos_token_id=None)
+    cached = model.generate(prompt, use_cache=True, **kwargs)
+    assert cached.shape == (1, 18)
+    assert torch.equal(model.generate(prompt, use_cache=False, **kwargs), cached)
+    # Logits too, in float64 so that the comparison sees the maths rather than float32 rounding (which the
+    # AttnRes modes, having no residual stream, amplify to ~1e-5).
+    model.double()
+    kwargs.update(output_logits=True, return_dict_in_generate=True)
+    with_cache = model.generate(prompt, use_cache=True, **kwargs).logits
+    without_cache = model.generate(prompt, use_cache=False, **kwargs).logits
+    for a, b in zip(with_cache, without_cache, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+    model.float()
+    # The same continuation as a step-by-step argmax over full forward passes.
+    sequence = prompt
+    for _ in range(12):
+        next_token = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat([sequence, next_token], dim=1)
+    assert torch.equal(cached, sequence)
+
+
+@pytest.mark.parametrize("mode", ["delta_block", "attnres_full"])
+def test_left_padded_batch_generates_like_single_rows(mode):
+    model = random_model(mode, gated=mode.startswith("delta"), scale=3.0)
+    short, long = token_ids(batch=1, seq=4, seed=5)[0], token_ids(batch=1, seq=9, seed=6)[0]
+    pad = 2
+    batch = torch.full((2, 9), pad)
+    batch[0, 5:], batch[1] = short, long
+    mask = (torch.arange(9) >= 5).long().unsqueeze(0).repeat(2, 1)
+    mask[1] = 1
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=pad, eos_token_id=None)
+    batched = model.generate(batch, attention_mask=mask, **kwargs)
+    for row, prompt in enumerate([short, long]):
+        single = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kwargs)
+        assert torch.equal(batched[row, 9:], single[0, len(prompt) :])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bfloat16_forward_and_backward(mode):
+    model = random_model(mode, gated=mode.startswith("delta")).train()
+    ids = token_ids()
+    reference = model(ids).logits
+    model = model.to(torch.bfloat16)
+    out = model(ids, labels=ids, output_routing_weights=True)
+    out.loss.backward()
+    assert out.logits.dtype == torch.bfloat16
+    assert (out.logits.float() - reference).abs().max() < 0.1 * reference.abs().max()
+    route_grads = [p.grad for n, p in model.named_parameters() if "_route." in n]
+    assert all(g is not None and g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in route_grads)
+    assert any(g.abs().sum() > 0 for g in route_grads)
+
+
+def test_torch_compile_matches_eager():
+    model = random_model("delta", gated=True).train()
+    ids = token_ids()
+    loss, grads = _loss_and_grads(model, ids)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
+    model.zero_grad()
+    compiled_loss = compiled(ids, labels=ids).loss
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss.detach(), loss, atol=1e-6, rtol=0)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name], atol=1e-6, rtol=1e-5)
+
+
+def test_auto_classes_are_registered():
+    config = delta_config("delta")
+    assert isinstance(AutoConfig.for_model("delta_qwen3", num_hidden_layers=2, routing_num_blocks=2), DeltaQwen3Config)
+    assert isinstance(AutoModel.from_config(config), DeltaQwen3Model)
+    assert isinstance(AutoModelForCausalLM.from_config(config), DeltaQwen3ForCausalLM)
+
+
+def test_return_dict_false_gives_tuple():
+    model = random_model("delta")
+    ids = token_ids()
+    logits = model(ids).logits
+    as_tuple = model(ids, return_dict=False, use_cache=False)
+    assert torch.equal(as_tuple[0], logits)
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"routing_mode": "residual"}, "routing_mode"),
+        ({"routing_num_blocks": 0}, "routing_num_blocks"),
+        ({"routing_num_blocks": 6}, "routing_num_blocks"),
+        ({"routing_mode": "attnres_full", "routing_gate": True}, "routing_gate"),
+        ({"routing_mode": "attnres_block", "routing_gate": True}, "routing_gate"),
+    ],
+)
+def test_bad_config_values_name_the_field(overrides, field):
+    fields = {"num_hidden_layers": 5, "routing_num_blocks": 2, **overrides}
+    with pytest.raises(ValueError, match=field) as error:
+        DeltaQwen3Config(**fields)
+    assert str(overrides.get(field, "")) in str(error.value)
+
+
+def test_num_blocks_equal_to_depth_and_one_block_are_valid():
+    assert DeltaQwen3Config(num_hidden_layers=5, routing_num_blocks=5).layers_per_block == 1
+    assert DeltaQwen3Config(num_hidden_layers=5, routing_num_blocks=1).layers_per_block == 5
+    model = copy.deepcopy(random_model("delta_block"))
+    model.config.routing_num_blocks = 5
+    ids = token_ids()
+    torch.testing.assert_close(model.double()(ids).logits, reference_forward(model, ids)[0], atol=1e-5, rtol=0)

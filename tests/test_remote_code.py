@@ -1,0 +1,99 @@
+"""A saved DeltaQwen3 directory is self-contained: it loads with `trust_remote_code=True` in a process that has
+Transformers but not this project (SPEC section 4)."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from conftest import last_json_line, run_without_project, tiny_qwen3_config
+from spec_reference import randomize_routing
+
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
+
+PROMPT = [[5, 17, 99, 230, 41, 8]]
+
+LOAD_AND_REPORT = """
+import json, sys, torch, transformers
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+path = sys.argv[1] if len(sys.argv) > 1 else "{path}"
+config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+base = AutoModel.from_pretrained(path, trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+ids = torch.tensor({prompt})
+with torch.no_grad():
+    out = model(ids, output_routing_weights=True)
+tokens = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=2, eos_token_id=None)
+{extra}
+print(json.dumps({{
+    "config_class": type(config).__name__, "base_class": type(base).__name__, "class": type(model).__name__,
+    "module": type(model).__module__, "mode": config.routing_mode,
+    "transformers": transformers.__version__, "logits": out.logits.tolist(), "n_points": len(out.routing_weights), "tokens": tokens.tolist(),
+}}))
+"""
+
+
+def save_random_delta(path, mode: str) -> DeltaQwen3ForCausalLM:
+    fields = tiny_qwen3_config(initializer_range=0.1).to_dict()
+    fields.pop("model_type")
+    gated = mode.startswith("delta")
+    torch.manual_seed(0)
+    model = DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated, routing_num_blocks=2))
+    randomize_routing(model.eval())
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["delta", "delta_block", "attnres_full", "attnres_block"])
+def test_loads_with_trust_remote_code_without_the_project(tmp_path, mode):
+    model = save_random_delta(tmp_path / "model", mode)
+    files = sorted(p.name for p in (tmp_path / "model").iterdir())
+    assert files == [
+        "config.json",
+        "configuration_delta_qwen3.py",
+        "depth_mix.py",
+        "generation_config.json",
+        "model.safetensors",
+        "modeling_delta_qwen3.py",
+        "routing.py",
+    ]
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["auto_map"] == AUTO_MAP and config["model_type"] == "delta_qwen3"
+
+    code = LOAD_AND_REPORT.format(path=tmp_path / "model", prompt=PROMPT, extra="")
+    report = last_json_line(run_without_project(code, cwd=tmp_path).stdout)
+    assert report["config_class"] == "DeltaQwen3Config"
+    assert report["base_class"] == "DeltaQwen3Model"
+    assert report["class"] == "DeltaQwen3ForCausalLM"
+    assert report["module"].startswith("transformers_modules.")
+    assert report["mode"] == mode
+    assert report["transformers"] == transformers.__version__
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        out = model(ids, output_routing_weights=True)
+    torch.testing.assert_close(torch.tensor(report["logits"]), out.logits, atol=1e-5, rtol=0)
+    assert report["n_points"] == len(out.routing_weights)
+    expected = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=2, eos_token_id=None)
+    assert report["tokens"] == expected.tolist()
+
+
+@pytest.mark.slow
+def test_resaving_a_remote_code_model_keeps_it_loadable(tmp_path):
+    """Fine-tuning loads through remote code and saves again: the second save must still be self-contained."""
+    model = save_random_delta(tmp_path / "first", "delta_block")
+    resave = f'model.save_pretrained("{tmp_path / "second"}")'
+    run_without_project(LOAD_AND_REPORT.format(path=tmp_path / "first", prompt=PROMPT, extra=resave), cwd=tmp_path)
+    config = json.loads((tmp_path / "second" / "config.json").read_text())
+    assert set(config["auto_map"]) == set(AUTO_MAP)
+    code = LOAD_AND_REPORT.format(path=tmp_path / "second", prompt=PROMPT, extra="")
+    report = last_json_line(run_without_project(code, cwd=tmp_path).stdout)
+    with torch.no_grad():
+        expected = model(torch.tensor(PROMPT)).logits
+    torch.testing.assert_close(torch.tensor(report["logits"]), expected, atol=1e-5, rtol=0)
+
+
+def test_project_is_really_blocked_in_the_isolated_process(tmp_path):
+    with pytest.raises(AssertionError, match="must not import"):
+        run_without_project("import modeling_delta_qwen3", cwd=tmp_path)
