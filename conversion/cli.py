@@ -60,7 +60,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("src", metavar="SRC", help="Qwen3 checkpoint directory or Hub model id, e.g. Qwen/Qwen3-0.6B")
     parser.add_argument("out", metavar="OUT", help="new output directory")
-    parser.add_argument("--mode", choices=ROUTING_MODES, default="delta_block", help="routing mode (default: %(default)s)")
+    parser.add_argument("--mode", choices=ROUTING_MODES, default="delta_block",
+                        help="routing mode (default: %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=4, help="blocks for the block modes (default: %(default)s)")
     parser.add_argument("--no-gate", action="store_true",
                         help="no gates: the paper's ungated initialisation (changes the model's outputs)")
@@ -70,7 +71,8 @@ def register(subparsers) -> None:
     parser.add_argument("--cache-dir", help="Hub cache directory (default: the Hugging Face cache)")
     parser.add_argument("--verify", action="store_true",
                         help="run source and converted model on a probe batch and print the largest logit difference")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="publish the converted checkpoint to this Hub repository")
+    parser.add_argument("--push-to-hub", metavar="REPO_ID",
+                        help="publish the converted checkpoint to this Hub repository")
     _hub_options(parser)
     parser.set_defaults(func=run_convert)
 

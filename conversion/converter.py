@@ -53,7 +53,7 @@ def convert(
     additions = plan_routing_tensors(source, config, target_dtype)
     source_name = source.repo_id or source.path.name
     with staged_directory(out, overwrite) as staging:
-        write_weights(source, additions, staging, target_dtype)
+        write_weights(source, additions, staging, None if dtype is None else target_dtype)
         write_config_and_code(config, staging)
         copy_carried_files(source.path, staging)
         write_model_card(

@@ -44,7 +44,7 @@ def check_delta_checkpoint(directory: Path) -> DeltaQwen3Config:
     if not any(directory.glob("*.safetensors")):
         raise CommandError(f"DIR {directory} has no safetensors weights")
     config = DeltaQwen3Config.from_pretrained(directory)
-    missing = missing_model_code(directory, config.auto_map or {}) if config.auto_map else ["auto_map in config.json"]
+    missing = missing_model_code(directory, config.auto_map) if config.auto_map else ["auto_map in config.json"]
     if missing:
         raise CommandError(f"DIR {directory} lacks the model code for trust_remote_code ({', '.join(missing)})")
     return config

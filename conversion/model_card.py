@@ -42,7 +42,8 @@ def conversion_description(source_name: str, config: DeltaQwen3Config) -> str:
 def _routing_table(config: DeltaQwen3Config) -> str:
     rows = [("routing_mode", f"`{config.routing_mode}`"), ("routing_gate", f"`{config.routing_gate}`")]
     if config.routing_mode.endswith("block"):
-        rows.append(("routing_num_blocks", f"`{config.routing_num_blocks}` ({config.layers_per_block} layers per block)"))
+        blocks = f"`{config.routing_num_blocks}` ({config.layers_per_block} layers per block)"
+        rows.append(("routing_num_blocks", blocks))
     rows.append(("num_hidden_layers", f"`{config.num_hidden_layers}`"))
     return "\n".join(["| setting | value |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows)])
 

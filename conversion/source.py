@@ -109,7 +109,9 @@ def read_qwen3_config(path: Path) -> dict:
     if model_type == "delta_qwen3":
         raise CommandError(f"SRC {path} is already a DeltaQwen3 checkpoint (model_type 'delta_qwen3')")
     if model_type != "qwen3":
-        raise CommandError(f"SRC {path} has model_type {model_type!r}; only Qwen3 (model_type 'qwen3') can be converted")
+        raise CommandError(
+            f"SRC {path} has model_type {model_type!r}; only Qwen3 (model_type 'qwen3') can be converted"
+        )
     if "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "unknown")
         raise CommandError(f"SRC {path} is quantised ({method}); convert the unquantised checkpoint")

@@ -45,7 +45,8 @@ def fake_hub(tmp_path, monkeypatch):
 
     def upload_folder(self, *, repo_id, folder_path, ignore_patterns=(), **kwargs):
         calls.append(("upload_folder", repo_id, kwargs))
-        shutil.copytree(folder_path, root / repo_id, ignore=shutil.ignore_patterns(*ignore_patterns), dirs_exist_ok=True)
+        ignore = shutil.ignore_patterns(*ignore_patterns)
+        shutil.copytree(folder_path, root / repo_id, ignore=ignore, dirs_exist_ok=True)
         return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0000")
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
