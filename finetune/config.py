@@ -1,0 +1,186 @@
+"""Every option of a fine-tuning or pre-training run, in one dataclass; the command line is generated from it."""
+
+import argparse
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+from delta_qwen3.errors import CommandError
+from modeling_delta_qwen3.configuration_delta_qwen3 import DELTA_MODES, ROUTING_MODES
+
+from .presets import PRESETS
+
+MODES = ("baseline", *ROUTING_MODES)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def option(default, help: str, group: str, **argparse_kwargs):
+    """A dataclass field that also describes its command-line option."""
+    return field(default=default, metadata=dict(help=help, group=group, **argparse_kwargs))
+
+
+@dataclass
+class FinetuneConfig:
+    """A run's configuration. Field `lr_routing` is the option `--lr-routing`, and so on."""
+
+    # Model
+    model: str | None = option(
+        None, "DeltaQwen3 or Qwen3 checkpoint: a local directory or a Hub id (a Qwen3 one trains the baseline)", "model"
+    )
+    from_scratch: bool = option(False, "pre-train a new model instead of loading --model", "model")
+    preset: str | None = option(None, "model shape for --from-scratch", "model", choices=sorted(PRESETS))
+    model_config: str | None = option(
+        None, "JSON file of Qwen3 configuration fields for --from-scratch, instead of --preset", "model"
+    )
+    mode: str | None = option(
+        None,
+        "baseline (plain Qwen3) or a routing mode; for --model it must match the checkpoint (default: the "
+        "checkpoint's); required with --from-scratch",
+        "model",
+        choices=MODES,
+    )
+    num_blocks: int | None = option(None, "routing blocks of a block mode, with --from-scratch (default 4)", "model")
+    gate: bool = option(False, "zero-initialised gate per routing point, with --from-scratch (delta modes)", "model")
+    tokenizer: str | None = option(
+        None, "tokenizer directory or Hub id (default: --model's; required with --from-scratch)", "model"
+    )
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory", "model")
+
+    # What to train
+    freeze_base: bool = option(
+        False, "train only the routing parameters; the base weights stay bit-identical", "training"
+    )
+    lora: bool = option(
+        False, "train LoRA adapters on the base's linear layers plus all routing parameters", "training"
+    )
+    lora_rank: int = option(16, "LoRA rank", "training")
+    lora_alpha: float = option(32.0, "LoRA scaling numerator (the update is scaled by alpha / rank)", "training")
+    lora_dropout: float = option(0.0, "dropout on the LoRA branch", "training")
+
+    # Data
+    data: str | None = option(
+        None,
+        "Hub dataset id (streamed) or a local .txt / .jsonl / .json / .parquet file or directory of them",
+        "data",
+        required=True,
+    )
+    data_config: str | None = option(None, "Hub dataset configuration, e.g. sample-10BT for FineWeb-Edu", "data")
+    data_split: str = option("train", "Hub dataset split", "data")
+    text_field: str = option("text", "field holding the text in JSON-lines, parquet and Hub data", "data")
+    seq_len: int = option(1024, "tokens per packed training block", "data")
+    val_blocks: int = option(
+        64, "blocks of --seq-len tokens held out from the start of the data for validation", "data"
+    )
+    shuffle_buffer: int = option(10_000, "documents in the streaming shuffle buffer", "data")
+
+    # Optimisation
+    lr: float = option(3e-4, "peak learning rate", "optimisation")
+    lr_routing: float | None = option(
+        None, "peak learning rate of the routing parameters (default: --lr)", "optimisation"
+    )
+    weight_decay: float = option(
+        0.1, "AdamW weight decay of matrices (norms, biases and routing are exempt)", "optimisation"
+    )
+    warmup_steps: int = option(100, "linear warm-up steps", "optimisation")
+    min_lr_ratio: float = option(0.1, "the cosine schedule ends at this fraction of the peak rate", "optimisation")
+    max_steps: int = option(1000, "optimiser steps", "optimisation")
+    batch_size: int = option(8, "blocks per micro-batch per process", "optimisation")
+    grad_accum: int = option(1, "micro-batches per optimiser step", "optimisation")
+    max_grad_norm: float = option(1.0, "gradient clipping norm (0 disables clipping)", "optimisation")
+    mixed_precision: str | None = option(
+        None, "no, fp16 or bf16 (default: accelerate's configuration)", "optimisation", choices=("no", "fp16", "bf16")
+    )
+    seed: int = option(0, "seed of initialisation, LoRA and data order", "optimisation")
+
+    # Logging and validation
+    log_every: int = option(10, "steps between log lines", "logging")
+    eval_every: int = option(
+        200, "steps between validations (also run before the first and after the last step)", "logging"
+    )
+    eval_batch_size: int | None = option(None, "blocks per validation batch (default: --batch-size)", "logging")
+    report_to: str = option(
+        "none", "experiment tracker, through accelerate", "logging", choices=("none", "tensorboard", "wandb", "all")
+    )
+
+    # Outputs
+    output_dir: str | None = option(
+        None, "run directory: final model in OUT/model, checkpoints, log", "outputs", required=True
+    )
+    save_every: int = option(500, "steps between checkpoints (0: none)", "outputs")
+    keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", "outputs")
+    resume: bool = option(False, "continue from the latest checkpoint in --output-dir (fresh start if none)", "outputs")
+    overwrite: bool = option(False, "discard the checkpoints, log and model already in --output-dir", "outputs")
+    stop_after_step: int | None = option(
+        None,
+        "end the process right after this step, saving nothing more, as if it had been killed (to test "
+        "--resume, or to split a run into time-limited jobs with --save-every)",
+        "outputs",
+    )
+    save_dtype: str = option("float32", "dtype of the saved final model", "outputs", choices=DTYPES)
+    push_to_hub: str | None = option(None, "Hub repository to upload the final model to", "outputs")
+
+    @property
+    def routing_lr(self) -> float:
+        return self.lr if self.lr_routing is None else self.lr_routing
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        """Reject inconsistent options before anything is loaded."""
+        if self.data is None or self.output_dir is None:
+            raise CommandError("--data and --output-dir are required")
+        if self.from_scratch == (self.model is not None):
+            raise CommandError("give either --model or --from-scratch (with --preset or --model-config)")
+        if self.from_scratch:
+            if (self.preset is None) == (self.model_config is None):
+                raise CommandError("--from-scratch needs exactly one of --preset or --model-config")
+            if self.tokenizer is None:
+                raise CommandError("--from-scratch needs --tokenizer (a tokenizer directory or Hub id)")
+            if self.mode is None:
+                raise CommandError(f"--from-scratch needs --mode, one of {', '.join(MODES)}")
+            if self.gate and self.mode not in DELTA_MODES:
+                raise CommandError(f"--gate needs a delta mode ({', '.join(DELTA_MODES)}), not --mode {self.mode}")
+        elif self.preset or self.model_config or self.num_blocks is not None or self.gate:
+            raise CommandError("--preset, --model-config, --num-blocks and --gate only apply with --from-scratch")
+        if self.freeze_base and self.lora:
+            raise CommandError("--freeze-base and --lora exclude each other")
+        if self.resume and self.overwrite:
+            raise CommandError("--resume and --overwrite exclude each other")
+        positive = ("seq_len", "val_blocks", "max_steps", "batch_size", "grad_accum", "log_every", "eval_every",
+                    "lora_rank", "shuffle_buffer")  # fmt: skip
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.save_every < 0 or self.keep_checkpoints < 0:
+            raise CommandError("--warmup-steps, --save-every and --keep-checkpoints must not be negative")
+        if self.seq_len < 2:
+            raise CommandError(f"--seq-len must be at least 2 (one prediction needs two tokens), got {self.seq_len}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, one option per `FinetuneConfig` field, grouped as in the dataclass."""
+    parser = argparse.ArgumentParser(
+        prog="finetune",
+        description="Fine-tune a DeltaQwen3 (or Qwen3) checkpoint, or pre-train one from scratch, with accelerate.",
+        argument_default=argparse.SUPPRESS,
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for spec in fields(FinetuneConfig):
+        meta = dict(spec.metadata)
+        group = groups.setdefault(meta.pop("group"), parser.add_argument_group(spec.metadata["group"]))
+        flag = "--" + spec.name.replace("_", "-")
+        if spec.type is bool:
+            group.add_argument(flag, action="store_true", **meta)
+            continue
+        kind = str(spec.type)
+        value_type = int if "int" in kind else float if "float" in kind else str
+        default = "" if spec.default is MISSING or spec.default is None else f" (default: {spec.default})"
+        meta["help"] = meta["help"] + (default if "default" not in meta["help"] else "")
+        group.add_argument(flag, type=value_type, **meta)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
+    """Parse the command line into a validated `FinetuneConfig`."""
+    config = FinetuneConfig(**vars(build_parser().parse_args(argv)))
+    config.validate()
+    return config

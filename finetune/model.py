@@ -1,0 +1,144 @@
+"""The model to train: a DeltaQwen3 or Qwen3 checkpoint, or a new model from a preset; then what trains in it:
+everything, only the routing parameters (`--freeze-base`), or LoRA adapters plus routing (`--lora`).
+
+The configuration is built and checked first (`build_model_config`), so that a wrong mode or sequence length is
+reported before any weights are read.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
+
+from delta_qwen3.errors import CommandError
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+
+from .config import FinetuneConfig
+from .presets import preset_fields
+
+ROUTING_MARK = "_route."  # in every routing parameter's name: attn_route, mlp_route, final_route
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+VOCAB_MULTIPLE = 64  # a new model's vocabulary is the tokenizer's, rounded up for efficient matrix shapes
+MODEL_CLASSES = {"delta_qwen3": DeltaQwen3ForCausalLM, "qwen3": Qwen3ForCausalLM}
+
+
+def is_routing_parameter(name: str) -> bool:
+    return ROUTING_MARK in name
+
+
+def mode_of(model_config: PretrainedConfig) -> str:
+    """`baseline` for a Qwen3 configuration, else its routing mode."""
+    return getattr(model_config, "routing_mode", "baseline")
+
+
+def load_tokenizer(config: FinetuneConfig):
+    """`--tokenizer`, by default `--model`'s own."""
+    option, source = ("--tokenizer", config.tokenizer) if config.tokenizer else ("--model", config.model)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise CommandError(
+            f"{option} {source}: cannot load a tokenizer from this directory or Hub id: {error}"
+        ) from error
+
+
+def build_model_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
+    """The configuration of the model to train, checked against the options."""
+    model_config = _new_config(config, tokenizer) if config.from_scratch else _checkpoint_config(config)
+    if config.seq_len > model_config.max_position_embeddings:
+        raise CommandError(
+            f"--seq-len {config.seq_len} is beyond the model's max_position_embeddings "
+            f"({model_config.max_position_embeddings})"
+        )
+    if config.freeze_base and mode_of(model_config) == "baseline":
+        raise CommandError("--freeze-base trains only routing parameters, and a baseline Qwen3 model has none")
+    return model_config
+
+
+def _checkpoint_config(config: FinetuneConfig) -> PretrainedConfig:
+    try:
+        model_config = AutoConfig.from_pretrained(config.model)
+    except (OSError, ValueError) as error:
+        raise CommandError(
+            f"--model {config.model}: cannot load a model from this directory or Hub id: {error}"
+        ) from error
+    if model_config.model_type not in MODEL_CLASSES:
+        raise CommandError(
+            f"--model {config.model} is a {model_config.model_type!r} model; expected a DeltaQwen3 or Qwen3 checkpoint"
+        )
+    mode = mode_of(model_config)
+    if config.mode is not None and config.mode != mode:
+        hint = (
+            f"convert a Qwen3 checkpoint with `delta-qwen3 convert SRC OUT --mode {config.mode}`"
+            if config.mode != "baseline"
+            else "fine-tune the original Qwen3 checkpoint for the baseline"
+        )
+        raise CommandError(f"--mode {config.mode} does not match --model {config.model}, whose mode is {mode}; {hint}")
+    return model_config
+
+
+def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
+    if config.preset is not None:
+        fields = preset_fields(config.preset)
+    else:
+        try:
+            fields = json.loads(Path(config.model_config).read_text())
+        except (OSError, ValueError) as error:
+            raise CommandError(f"--model-config {config.model_config}: {error}") from error
+    vocab_size = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    fields = {"vocab_size": vocab_size, **fields}
+    if fields["vocab_size"] < len(tokenizer):
+        raise CommandError(f"vocab_size {fields['vocab_size']} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    routing = {} if config.mode == "baseline" else dict(routing_mode=config.mode, routing_gate=config.gate)
+    if config.num_blocks is not None:
+        routing["routing_num_blocks"] = config.num_blocks
+    try:
+        if config.mode == "baseline":
+            return Qwen3Config(**{**fields, **special})
+        return DeltaQwen3Config(**{**fields, **special, **routing})
+    except (TypeError, ValueError) as error:
+        raise CommandError(f"invalid model configuration: {error}") from error
+
+
+def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTrainedModel:
+    """The model with the parameters to train marked `requires_grad`; weights in float32, the optimiser's
+    precision (mixed precision only changes the compute dtype)."""
+    model_class = MODEL_CLASSES[model_config.model_type]
+    if config.from_scratch:
+        model = model_class(model_config)
+    else:
+        model = model_class.from_pretrained(config.model, config=model_config, dtype=torch.float32)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.freeze_base:
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(is_routing_parameter(name))
+    if config.lora:
+        model = add_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout)
+    return model
+
+
+def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) -> PeftModel:
+    """Wrap `model` with LoRA adapters on the base's linear layers; routing parameters train in full.
+
+    The routing parameters are made trainable in place rather than through `modules_to_save`: PEFT's wrapper would
+    keep a trained copy beside the original, which the routing code (calling `RoutingPoint.route`, not `forward`)
+    would not see. In place, `merge_and_unload` keeps them as they are, with their ordinary names.
+    """
+    lora_config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"
+    )
+    peft_model = get_peft_model(model, lora_config)
+    for name, parameter in peft_model.named_parameters():
+        if is_routing_parameter(name):
+            parameter.requires_grad_(True)
+    return peft_model
+
+
+def merge_lora(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
+    """The ordinary model: LoRA updates folded into the base weights (in place), or `model` itself without LoRA."""
+    return model.merge_and_unload() if isinstance(model, PeftModel) else model

@@ -1,0 +1,59 @@
+"""Small builders shared by the fine-tuning tests: a real text corpus on disk, a tiny DeltaQwen3 checkpoint, and
+the options of a tiny run."""
+
+import json
+from pathlib import Path
+
+import torch
+from conftest import tiny_qwen3_config
+from safetensors.torch import load_file
+
+from delta_qwen3.corpus import python_docs_texts
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+
+# Small enough that a training step takes milliseconds on one CPU core.
+TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16)  # fmt: skip
+
+
+def write_corpus(path: Path) -> Path:
+    """Python's documentation as JSON lines (one document per line) or plain text (documents separated by blank
+    lines), by the suffix of `path`."""
+    texts = python_docs_texts()
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    else:
+        path.write_text("\n\n".join(texts))
+    return path
+
+
+def save_tiny_delta(path: Path, tokenizer, seed: int = 0, **overrides) -> Path:
+    """A freshly initialised tiny DeltaQwen3 checkpoint with its tokenizer (routing queries 0, norms 1)."""
+    fields = {
+        **tiny_qwen3_config(**TINY_SHAPE).to_dict(),
+        "routing_mode": "delta",
+        "routing_num_blocks": 2,
+        **overrides,
+    }
+    torch.manual_seed(seed)
+    DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_run_args(data: Path, output_dir: Path, *extra: str) -> list[str]:
+    """Command-line options of a few-step run of a tiny model on 32-token blocks (the model is in `extra`)."""
+    return [
+        "--data", str(data), "--output-dir", str(output_dir),
+        "--seq-len", "32", "--batch-size", "4", "--val-blocks", "8", "--warmup-steps", "2", "--lr", "3e-3",
+        "--log-every", "1", *extra,
+    ]  # fmt: skip
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a (single-file) safetensors checkpoint."""
+    return load_file(model_dir / "model.safetensors")
+
+
+def log_lines(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "train_log.jsonl").read_text().splitlines()]
