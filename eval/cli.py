@@ -1,0 +1,152 @@
+"""`delta-qwen3 eval`, `delta-qwen3 ppl` and `delta-qwen3 routing`.
+
+lm-eval, Transformers and matplotlib are imported inside the commands: every `delta-qwen3` command builds this
+module's parsers, and those imports take seconds.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from delta_qwen3.errors import CommandError
+
+EXPORT_DATA = "export-data"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _batch_size(text: str) -> int | str:
+    return text if text.startswith("auto") else _positive_int(text)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _add_text_source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="a .txt file, a .jsonl file or a Hub dataset id")
+    parser.add_argument("--text-field", default="text", help="field holding the text (.jsonl, Hub; default: text)")
+    parser.add_argument("--split", default="validation", help="Hub dataset split (default: validation)")
+    parser.add_argument("--config", default=None, help="Hub dataset configuration, e.g. wikitext-2-raw-v1")
+    parser.add_argument("--limit", type=_positive_int, default=None, help="use at most this many documents")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+
+
+def register(subparsers) -> None:
+    """Add the `eval`, `ppl` and `routing` subcommands."""
+    evaluate = subparsers.add_parser(
+        "eval",
+        help="the paper's eight zero-shot benchmarks through lm-eval, side by side",
+        usage="delta-qwen3 eval MODEL [MODEL ...] [options]\n       delta-qwen3 eval export-data DIR [--tasks T]",
+        description="Run the paper's zero-shot benchmarks (HellaSwag, ARC-Easy, ARC-Challenge, PIQA, WinoGrande, "
+        "BoolQ, MMLU, LAMBADA) through lm-eval for each MODEL (Hub id or directory), write a results JSON and "
+        "print a table. `export-data DIR` instead downloads the benchmarks' documents from the Hub into DIR, "
+        "one JSON-lines file per task, for --data-dir on machines without Hub access.",
+    )
+    evaluate.add_argument("models", nargs="+", metavar="MODEL", help="Hub ids or checkpoint directories")
+    evaluate.add_argument("--tasks", default="paper", help="'paper' (all eight) or comma-separated task names")
+    evaluate.add_argument("--data-dir", type=Path, default=None, help="read <task>.jsonl files here, not the Hub")
+    evaluate.add_argument("--limit", type=_positive_int, default=None, help="documents per task (for quick runs)")
+    evaluate.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size or 'auto'")
+    evaluate.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    evaluate.add_argument("--output", type=Path, default=Path("eval_results.json"), help="results JSON")
+    evaluate.set_defaults(func=run_eval)
+
+    ppl = subparsers.add_parser(
+        "ppl",
+        help="validation perplexity with strided windows",
+        description="Perplexity of MODEL on --data: token-weighted negative log-likelihood over strided windows.",
+    )
+    ppl.add_argument("model", metavar="MODEL")
+    _add_text_source_arguments(ppl)
+    ppl.add_argument("--max-length", type=_positive_int, default=None, help="window length (default: context, <=2048)")
+    ppl.add_argument("--stride", type=_positive_int, default=None, help="window step (default: half a window)")
+    ppl.add_argument("--output", type=Path, default=None, help="also write the result as JSON here")
+    ppl.set_defaults(func=run_ppl)
+
+    routing = subparsers.add_parser(
+        "routing",
+        help="routing sharpness per routing point: JSON and pictures",
+        description="Per routing point, the mean largest routing weight and the mean entropy over the tokens of "
+        "--data, for each MODEL; writes routing.json, routing_heatmap.png and routing_max_weight.png into --out.",
+    )
+    routing.add_argument("models", nargs="+", metavar="MODEL")
+    _add_text_source_arguments(routing)
+    routing.add_argument("--max-length", type=_positive_int, default=1024, help="tokens per forward pass")
+    routing.add_argument("--out", type=Path, required=True, help="output directory")
+    routing.set_defaults(func=run_routing)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from .benchmarks import resolve_benchmarks
+    from .local_data import export_data
+    from .runner import format_table, run_benchmarks
+
+    if args.models[0] == EXPORT_DATA:
+        if len(args.models) != 2:
+            raise CommandError(f"usage: delta-qwen3 eval {EXPORT_DATA} DIR [--tasks T]")
+        counts = export_data(Path(args.models[1]), resolve_benchmarks(args.tasks))
+        print(json.dumps({"data_dir": args.models[1], "documents": counts}))
+        return 0
+    results = run_benchmarks(
+        args.models,
+        tasks=args.tasks,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        device=args.device or _default_device(),
+        output=args.output,
+    )
+    print(format_table(results))
+    print(f"results written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def run_ppl(args: argparse.Namespace) -> int:
+    from .files import write_json
+    from .models import load_causal_lm
+    from .perplexity import perplexity
+    from .texts import load_texts
+
+    texts = load_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
+    model, tokenizer = load_causal_lm(args.model, device=args.device or _default_device(), dtype=args.dtype)
+    try:
+        value = perplexity(model, tokenizer, texts, max_length=args.max_length, stride=args.stride)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    result = {"model": args.model, "data": args.data, "documents": len(texts), "perplexity": value}
+    if args.output is not None:
+        write_json(args.output, result)
+    print(json.dumps(result))
+    return 0
+
+
+def run_routing(args: argparse.Namespace) -> int:
+    from .files import write_json
+    from .models import load_causal_lm, require_distinct
+    from .routing import routing_statistics
+    from .routing_plots import plot_max_weight_by_depth, plot_weight_heatmaps
+    from .texts import load_texts
+
+    require_distinct(args.models)
+    texts = load_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
+    runs = {}
+    for name in args.models:
+        model, tokenizer = load_causal_lm(name, device=args.device or _default_device(), dtype=args.dtype)
+        runs[name] = routing_statistics(model, tokenizer, texts, max_length=args.max_length)
+        print(f"{name}: mean max weight {runs[name]['mean_max_weight']:.4f}, "
+              f"mean entropy {runs[name]['mean_entropy']:.4f} nats", file=sys.stderr)
+    write_json(args.out / "routing.json", {"data": args.data, "documents": len(texts), "models": runs})
+    plot_weight_heatmaps(runs, args.out / "routing_heatmap.png")
+    plot_max_weight_by_depth(runs, args.out / "routing_max_weight.png")
+    print(json.dumps({name: stats["mean_max_weight"] for name, stats in runs.items()}))
+    return 0
