@@ -8,12 +8,16 @@ import pytest
 import torch
 from conftest import save_tiny_qwen3
 from finetune_fixtures import save_tiny_delta, tiny_run_args, write_corpus
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import finetune
+import finetune.data
+from delta_qwen3.errors import CommandError
 from finetune.config import parse_args
 from finetune.data import build_training_data, load_documents, pack, token_ids
 from finetune.evaluation import mean_max_routing_weight, validation_nll
 from finetune.optim import lr_factor, parameter_groups
+from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 
 
@@ -53,6 +57,16 @@ def test_parameter_groups_exempt_norms_and_routing_from_weight_decay(delta_check
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "preset, parameters",
+    [("220M", 220e6), ("533M", 533e6), ("1044M", 1044e6), ("qwen3-0.6b", 596e6), ("qwen3-8b", 8.19e9)],
+)
+def test_paper_presets_have_the_parameter_counts_of_their_names(preset, parameters):
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=151_936, **preset_fields(preset)))
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(parameters, rel=0.015)
+
+
 # --- data --------------------------------------------------------------------------------------------------------
 
 
@@ -75,6 +89,28 @@ def test_text_files_are_split_into_paragraphs_and_json_lines_read_the_text_field
     ]  # fmt: skip
     (tmp_path / "docs.jsonl").write_text('{"body": "one", "id": 1}\n{"body": "two", "id": 2}\n')
     assert [d["text"] for d in load_documents(str(tmp_path / "docs.jsonl"), None, "train", "body")] == ["one", "two"]
+
+
+def test_a_hub_dataset_is_streamed_by_its_id(tmp_path, monkeypatch):
+    (tmp_path / "shard.jsonl").write_text('{"content": "one"}\n{"content": "two"}\n')
+    load_local = finetune.data.load_dataset
+    calls = []
+
+    def load_from_hub(path, **kwargs):  # stands in for the download: the same call, served from a local file
+        calls.append((path, kwargs))
+        return load_local("json", data_files=str(tmp_path / "shard.jsonl"), split="train", streaming=True)
+
+    monkeypatch.setattr(finetune.data, "load_dataset", load_from_hub)
+    documents = load_documents("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", "content")
+    assert [d["text"] for d in documents] == ["one", "two"]
+    assert calls == [("HuggingFaceFW/fineweb-edu", dict(name="sample-10BT", split="train", streaming=True))]
+
+    def unreachable(path, **kwargs):
+        raise ConnectionError("the Hub cannot be reached")
+
+    monkeypatch.setattr(finetune.data, "load_dataset", unreachable)
+    with pytest.raises(CommandError, match="not loadable from the Hub: the Hub cannot be reached"):
+        load_documents("someone/missing", None, "train", "text")
 
 
 def test_validation_holds_out_the_first_documents_and_training_reads_the_rest(tmp_path, tokenizer):

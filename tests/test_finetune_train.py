@@ -107,13 +107,20 @@ def test_resume_after_interruption_ends_with_the_same_parameters(tmp_path, corpu
 def test_accelerate_launch_two_processes(tmp_path, corpus, delta_checkpoint):
     out = tmp_path / "ddp"
     argv = tiny_run_args(
-        corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--eval-every", "100", "--val-blocks", "7"
+        corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--save-every", "3", "--val-blocks", "7"
     )
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+    # `accelerate launch --cpu` starts a single process whatever --num_processes says; two CPU processes are started
+    # like GPU ones and told to use the CPU (gloo) through the environment.
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
-    subprocess.run([*launch, "-m", "finetune", *argv], env=run_env(), check=True, timeout=300)
+    env = {**run_env(), "ACCELERATE_USE_CPU": "1"}
+    subprocess.run([*launch, "-m", "finetune", *argv], env=env, check=True, timeout=300)
 
-    final = [line for line in log_lines(out) if "val_loss" in line][-1]
+    checkpoint = out / "checkpoints" / "step_00000003"
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.iterdir()}
+    lines = log_lines(out)
+    assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3]  # logged by the main process only
+    final = [line for line in lines if "val_loss" in line][-1]
     assert final["step"] == 3
     # Seven held-out blocks over two processes: the gathered loss covers each block once.
     assert reevaluate(out / "model", argv) == pytest.approx(final["val_loss"], rel=1e-5)
