@@ -31,6 +31,9 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 def _add_text_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="a .txt file, a .jsonl file or a Hub dataset id")
     parser.add_argument("--text-field", default="text", help="field holding the text (.jsonl, Hub; default: text)")
@@ -38,7 +41,7 @@ def _add_text_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="Hub dataset configuration, e.g. wikitext-2-raw-v1")
     parser.add_argument("--limit", type=_positive_int, default=None, help="use at most this many documents")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
 
 
 def register(subparsers) -> None:
@@ -58,6 +61,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--limit", type=_positive_int, default=None, help="documents per task (for quick runs)")
     evaluate.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size or 'auto'")
     evaluate.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    evaluate.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
     evaluate.add_argument("--output", type=Path, default=Path("eval_results.json"), help="results JSON")
     evaluate.set_defaults(func=run_eval)
 
@@ -104,6 +108,7 @@ def run_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         batch_size=args.batch_size,
         device=args.device or _default_device(),
+        dtype=args.dtype,
         output=args.output,
     )
     print(format_table(results))
@@ -131,10 +136,9 @@ def run_ppl(args: argparse.Namespace) -> int:
 
 
 def run_routing(args: argparse.Namespace) -> int:
-    from .files import write_json
     from .models import load_causal_lm, require_distinct
     from .routing import routing_statistics
-    from .routing_plots import plot_max_weight_by_depth, plot_weight_heatmaps
+    from .routing_plots import write_routing_report
     from .texts import load_texts
 
     require_distinct(args.models)
@@ -143,10 +147,9 @@ def run_routing(args: argparse.Namespace) -> int:
     for name in args.models:
         model, tokenizer = load_causal_lm(name, device=args.device or _default_device(), dtype=args.dtype)
         runs[name] = routing_statistics(model, tokenizer, texts, max_length=args.max_length)
+        del model  # before the next model loads
         print(f"{name}: mean max weight {runs[name]['mean_max_weight']:.4f}, "
               f"mean entropy {runs[name]['mean_entropy']:.4f} nats", file=sys.stderr)
-    write_json(args.out / "routing.json", {"data": args.data, "documents": len(texts), "models": runs})
-    plot_weight_heatmaps(runs, args.out / "routing_heatmap.png")
-    plot_max_weight_by_depth(runs, args.out / "routing_max_weight.png")
+    write_routing_report(runs, args.out, data=args.data, documents=len(texts))
     print(json.dumps({name: stats["mean_max_weight"] for name, stats in runs.items()}))
     return 0

@@ -1,4 +1,5 @@
-"""Pictures of routing statistics (from `eval.routing.routing_statistics`), one or several models at once.
+"""Pictures of routing statistics (from `eval.routing.routing_statistics`), one or several models at once, and the
+report that `delta-qwen3 routing` writes: the statistics as JSON plus both pictures.
 
 - Heatmap: for each model, rows are routing points in depth order, columns are sources in the order they were
   created (0 = the embedding; then sublayer outputs, block deltas or block sums, by mode); the colour is the mean
@@ -14,7 +15,9 @@ matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .files import atomic_output  # noqa: E402
+from .files import atomic_output, write_json  # noqa: E402
+
+REPORT_FILES = ("routing.json", "routing_heatmap.png", "routing_max_weight.png")
 
 
 def _save(figure, path: Path) -> None:
@@ -61,3 +64,13 @@ def plot_max_weight_by_depth(runs: dict[str, dict], path: Path) -> None:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     _save(figure, path)
+
+
+def write_routing_report(runs: dict[str, dict], out_dir: Path, **details) -> list[Path]:
+    """`routing.json` (`details` plus `models`: label -> statistics) and both pictures in `out_dir`."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / name for name in REPORT_FILES]
+    write_json(paths[0], {**details, "models": runs})
+    plot_weight_heatmaps(runs, paths[1])
+    plot_max_weight_by_depth(runs, paths[2])
+    return paths

@@ -15,10 +15,10 @@ from .local_data import check_data_file, task_config
 from .models import require_distinct
 
 
-def load_lm(model: str, *, batch_size: int | str, device: str) -> HFLM:
+def load_lm(model: str, *, batch_size: int | str, device: str, dtype: str = "auto") -> HFLM:
     """lm-eval's Hugging Face wrapper around a Hub id or directory, with `trust_remote_code` on."""
     try:
-        return HFLM(pretrained=model, trust_remote_code=True, batch_size=batch_size, device=device)
+        return HFLM(pretrained=model, trust_remote_code=True, batch_size=batch_size, device=device, dtype=dtype)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError... for unusable checkpoints
         raise CommandError(f"could not load model {model!r}: {type(error).__name__}: {error}") from error
 
@@ -35,10 +35,17 @@ def _task_results(raw: dict, benchmark: Benchmark) -> dict:
 
 
 def evaluate_model(
-    model: str, benchmarks: list[Benchmark], *, data_dir: Path | None, limit: int | None, batch_size, device: str
+    model: str,
+    benchmarks: list[Benchmark],
+    *,
+    data_dir: Path | None,
+    limit: int | None,
+    batch_size: int | str,
+    device: str,
+    dtype: str = "auto",
 ) -> dict:
     """Per benchmark the reported metric, its standard error and the number of documents; and their average."""
-    lm = load_lm(model, batch_size=batch_size, device=device)
+    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype)
     raw = lm_eval.simple_evaluate(
         model=lm,
         tasks=[task_config(benchmark, data_dir) for benchmark in benchmarks],
@@ -58,13 +65,18 @@ def run_benchmarks(
     limit: int | None = None,
     batch_size: int | str = 8,
     device: str = "cpu",
+    dtype: str = "auto",
     output: str | Path | None = None,
 ) -> dict:
     """Evaluate each model (Hub id or directory) on `tasks` ("paper" for all eight, or benchmark names).
 
     With `data_dir`, documents come from its JSON-lines files (checked before any model is loaded) instead of the
-    Hub. Returns, and writes to `output` when given, `{"tasks", "metrics", "data", "limit", "models": {model:
-    {"tasks": {name: {"metric", "value", "stderr", "documents"}}, "average"}}}`; values are fractions.
+    Hub. `dtype` is "auto" (the checkpoint's) or a torch dtype name. Returns, and writes to `output` when given:
+
+        {"tasks", "metrics", "data", "limit", "lm_eval",
+         "models": {model: {"tasks": {name: {"metric", "value", "stderr", "documents"}}, "average"}}}
+
+    Values are fractions; "average" is the unweighted mean over the tasks, like the paper's "Avg" column.
     """
     require_distinct(models)
     benchmarks = resolve_benchmarks(tasks)
@@ -77,9 +89,10 @@ def run_benchmarks(
         "metrics": {benchmark.name: benchmark.metric for benchmark in benchmarks},
         "data": str(data_dir) if data_dir is not None else "hub",
         "limit": limit,
+        "lm_eval": lm_eval.__version__,
         "models": {
             model: evaluate_model(
-                model, benchmarks, data_dir=data_dir, limit=limit, batch_size=batch_size, device=device
+                model, benchmarks, data_dir=data_dir, limit=limit, batch_size=batch_size, device=device, dtype=dtype
             )
             for model in models
         },
