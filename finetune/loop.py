@@ -49,7 +49,7 @@ def train_step(
     """One optimiser step over `config.grad_accum` micro-batches. Returns this process's mean `loss`, the
     `grad_norm` before clipping, and (when `with_routing`) the routing sharpness of the last micro-batch."""
     loss_sum = torch.zeros((), device=accelerator.device)
-    metrics = {"loss": loss_sum}
+    sharpness = None
     for micro_step in range(config.grad_accum):
         last = micro_step == config.grad_accum - 1
         input_ids = next(batches).to(accelerator.device)
@@ -61,14 +61,14 @@ def train_step(
         loss_sum += output.loss.detach()
         if extra:
             sharpness = mean_max_routing_weight(output.routing_weights)
-            if sharpness is not None:
-                metrics["mean_max_routing_weight"] = sharpness.detach()
+    metrics = {"loss": loss_sum / config.grad_accum}
     if config.max_grad_norm > 0:
         metrics["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    if sharpness is not None:
+        metrics["mean_max_routing_weight"] = sharpness.detach()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss_sum /= config.grad_accum
     return metrics
 
 

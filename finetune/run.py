@@ -50,6 +50,8 @@ def run(config: FinetuneConfig) -> int:
         path, start_step = checkpoint
         accelerator.load_state(str(path))
         accelerator.print(f"resuming from {path} (step {start_step})")
+    elif config.resume:
+        accelerator.print(f"no checkpoint in {config.output_dir}: starting from step 0")
     if trackers:
         accelerator.init_trackers("finetune", config={k: v for k, v in config.to_dict().items() if v is not None})
 
