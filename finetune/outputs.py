@@ -17,7 +17,7 @@ from huggingface_hub import HfApi
 from delta_qwen3.errors import CommandError
 
 from .config import FinetuneConfig
-from .model import merge_lora
+from .model import gates_as_scalars, merge_lora
 
 CHECKPOINT_PREFIX = "step_"
 LOG_NAME = "train_log.jsonl"
@@ -103,7 +103,7 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: str
     unwrapped = accelerator.unwrap_model(model)
     final = merge_lora(unwrapped)
     # LoRA runs are never sharded, so their merged weights are complete in every process.
-    state_dict = final.state_dict() if final is not unwrapped else accelerator.get_state_dict(model)
+    state_dict = gates_as_scalars(final.state_dict() if final is not unwrapped else accelerator.get_state_dict(model))
     target = model_dir(output_dir)
     if accelerator.is_main_process:
         temporary = target.with_name(f".tmp-{target.name}")

@@ -11,7 +11,7 @@ from delta_qwen3.errors import CommandError
 from .config import FinetuneConfig, parse_args
 from .data import build_training_data
 from .loop import train
-from .model import build_model, build_model_config, load_tokenizer
+from .model import build_model, build_model_config, gates_as_vectors, load_tokenizer
 from .optim import build_optimizer, build_schedule
 from .outputs import latest_checkpoint, prepare_output_dir, push_to_hub, save_final_model
 
@@ -38,6 +38,8 @@ def run(config: FinetuneConfig) -> int:
     model_config = build_model_config(config, tokenizer)
     data = build_training_data(config, tokenizer, accelerator.num_processes)
     model = build_model(config, model_config)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        gates_as_vectors(model)
     optimizer = build_optimizer(model, config)
     scheduler = build_schedule(optimizer, config)
     model, optimizer = accelerator.prepare(model, optimizer)

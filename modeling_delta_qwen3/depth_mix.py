@@ -59,7 +59,7 @@ class _DepthMix(torch.autograd.Function):
 
         grad_gate = None
         if gate is not None and ctx.needs_input_grad[1]:
-            grad_gate = _dot_last(grad_out_f, _weighted_sum(alpha, sources)).sum().to(gate.dtype)
+            grad_gate = _dot_last(grad_out_f, _weighted_sum(alpha, sources)).sum().to(gate.dtype).reshape(gate.shape)
 
         grad_alpha = torch.stack([_dot_last(x.to(acc), grad_mix) for x in sources], dim=-1)
         grad_logits = alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))

@@ -9,6 +9,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -60,6 +61,16 @@ class DeltaQwen3CausalLMOutput(CausalLMOutputWithPast):
 assert CACHE_NAME in {f.name for f in fields(BaseModelOutputWithPast)}
 
 
+class DecoderLayerOutput(NamedTuple):
+    """The depth state to hand to the next layer, and the two sublayer outputs this layer added to it. The outputs
+    are returned as tensors so that wrappers which hook a layer's outputs (FSDP re-gathers a layer's parameters for
+    backward when gradients reach them) see this layer's work; the state itself is opaque to them."""
+
+    state: DepthState
+    attn_output: torch.Tensor
+    mlp_output: torch.Tensor
+
+
 class DeltaQwen3DecoderLayer(nn.Module):
     """A Qwen3 decoder layer whose attention and MLP sublayers read routed inputs from the depth state.
 
@@ -101,15 +112,16 @@ class DeltaQwen3DecoderLayer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         **kwargs,
-    ) -> DepthState:
+    ) -> "DecoderLayerOutput":
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             cache = None  # recomputing attention in backward would write the cache a second time
         state.enter_layer(self.layer_idx)
-        x = state.routed_input(self.attn_route)
-        state.add_output(self._run(self._attention, x, position_embeddings, attention_mask, cache, **kwargs))
-        x = state.routed_input(self.mlp_route)
-        state.add_output(self._run(self._feed_forward, x))
-        return state
+        attn_output = self._run(self._attention, state.routed_input(self.attn_route), position_embeddings,
+                                attention_mask, cache, **kwargs)
+        state.add_output(attn_output)
+        mlp_output = self._run(self._feed_forward, state.routed_input(self.mlp_route))
+        state.add_output(mlp_output)
+        return DecoderLayerOutput(state, attn_output, mlp_output)
 
 
 class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
@@ -212,7 +224,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
                 cache=cache,
                 position_ids=position_ids,
                 **kwargs,
-            )
+            ).state
         hidden_states = self.norm(state.final_hidden(self.final_route))
         return DeltaQwen3ModelOutput(
             last_hidden_state=hidden_states,

@@ -1,0 +1,276 @@
+"""What routing costs: DeltaQwen3 against Hugging Face's `Qwen3ForCausalLM` of the same shape, in one run.
+
+Three figures, each as a ratio to Qwen3 measured in the same process:
+- autograd saved-activation bytes of one training forward (unique storages, parameters excluded): noise-free;
+- training-step tokens/s (forward + backward + AdamW), median over steps after warm-up, models interleaved;
+- greedy decoding tokens/s with the KV cache, median over runs, models interleaved.
+
+    python benchmarks/routing_overhead.py                     # the README's table (CPU, float32)
+    python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
+    python benchmarks/routing_overhead.py --quick             # a smoke run in a minute
+
+Targets (issue "routing at near-zero cost"), checked and printed at the end:
+memory <= 1.05 (Delta Block) / 1.15 (Delta AttnRes), at 28 layers no more than 0.03 above 12 layers;
+training >= 0.95 / 0.85; decoding >= 0.95 for both.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+
+# (label, routing mode or None for Qwen3, gated)
+VARIANTS = [
+    ("qwen3", None, False),
+    ("delta_block", "delta_block", False),
+    ("delta_block+gate", "delta_block", True),
+    ("delta", "delta", False),
+    ("delta+gate", "delta", True),
+    ("attnres_block", "attnres_block", False),
+    ("attnres_full", "attnres_full", False),
+]
+TARGETS = {  # mode: (max memory ratio, min training ratio, min decoding ratio)
+    "delta_block": (1.05, 0.95, 0.95),
+    "delta": (1.15, 0.85, 0.95),
+}
+
+SMALL = dict(
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=768,
+    vocab_size=4096,
+    max_position_embeddings=4096,
+)
+QWEN3_06B = dict(
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    tie_word_embeddings=True,
+)
+
+
+@dataclass
+class Settings:
+    device: str
+    dtype: torch.dtype
+    batch: int
+    seq: int
+    depths: list[int]
+    train_layers: int
+    train_steps: int
+    decode_shape: dict
+    prompt: int
+    new_tokens: int
+    decode_runs: int
+
+
+def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: int = 0) -> torch.nn.Module:
+    """Qwen3 (`mode` None) or DeltaQwen3 with identical base weights (same seed, same parameter order)."""
+    torch.manual_seed(seed)
+    if mode is None:
+        model = Qwen3ForCausalLM(Qwen3Config(**shape))
+    else:
+        blocks = min(4, shape["num_hidden_layers"])
+        config = DeltaQwen3Config(**shape, routing_mode=mode, routing_gate=gated, routing_num_blocks=blocks)
+        model = DeltaQwen3ForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model.to(device=settings.device, dtype=settings.dtype)
+
+
+def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one training forward, parameters excluded."""
+    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameter_storages:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(ids, labels=ids).loss
+    del loss
+    return sum(storages.values())
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int, device: str) -> dict:
+    """Median seconds per call for each function, calling them in turns so that drift hits all of them alike."""
+    times = {name: [] for name in runs}
+    for round_index in range(warmup + repeats):
+        for name, run in runs.items():
+            _synchronize(device)
+            start = time.perf_counter()
+            run()
+            _synchronize(device)
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def training_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def decoding_run(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> Callable[[], None]:
+    model.eval()
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True)
+
+    def run() -> None:
+        with torch.no_grad():
+            model.generate(prompt, pad_token_id=0, **kwargs)
+
+    return run
+
+
+def measure_memory(settings: Settings) -> dict:
+    ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
+    results = {}
+    for layers in settings.depths:
+        shape = {**SMALL, "num_hidden_layers": layers}
+        sizes = {label: saved_activation_bytes(build(shape, mode, gated, settings), ids) for label, mode, gated in VARIANTS}
+        results[layers] = {label: sizes[label] / sizes["qwen3"] for label in sizes} | {"qwen3_bytes": sizes["qwen3"]}
+    return results
+
+
+def measure_training(settings: Settings) -> dict:
+    ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
+    shape = {**SMALL, "num_hidden_layers": settings.train_layers}
+    steps = {label: training_step(build(shape, mode, gated, settings), ids) for label, mode, gated in VARIANTS}
+    seconds = _interleaved_medians(steps, settings.train_steps, warmup=2, device=settings.device)
+    tokens = ids.numel()
+    return {label: seconds["qwen3"] / seconds[label] for label in seconds} | {"qwen3_tokens_per_s": tokens / seconds["qwen3"]}
+
+
+def measure_decoding(settings: Settings) -> dict:
+    """Each variant timed in turns with Qwen3, one variant at a time: at the 0.6B shape seven float32 models
+    would not fit in memory together."""
+    prompt = torch.randint(0, settings.decode_shape["vocab_size"], (1, settings.prompt), device=settings.device)
+    qwen3 = decoding_run(build(settings.decode_shape, None, False, settings), prompt, settings.new_tokens)
+    ratios, qwen3_seconds = {"qwen3": 1.0}, []
+    for label, mode, gated in VARIANTS[1:]:
+        variant = decoding_run(build(settings.decode_shape, mode, gated, settings), prompt, settings.new_tokens)
+        seconds = _interleaved_medians({"qwen3": qwen3, label: variant}, settings.decode_runs, 1, settings.device)
+        ratios[label] = seconds["qwen3"] / seconds[label]
+        qwen3_seconds.append(seconds["qwen3"])
+        del variant
+    return ratios | {"qwen3_tokens_per_s": settings.new_tokens / statistics.median(qwen3_seconds)}
+
+
+def check_targets(results: dict) -> list[str]:
+    """Every target that is missed, in words; empty when all are met."""
+    missed = []
+    memory, depths = results["memory"], sorted(results["memory"])
+    for label, _, _ in VARIANTS[1:]:
+        mode = label.split("+")[0]
+        if mode not in TARGETS:
+            continue
+        max_memory, min_training, min_decoding = TARGETS[mode]
+        for layers in depths:
+            if memory[layers][label] > max_memory:
+                missed.append(f"{label}: memory ratio {memory[layers][label]:.3f} > {max_memory} at {layers} layers")
+        if len(depths) > 1 and memory[depths[-1]][label] - memory[depths[0]][label] > 0.03:
+            missed.append(f"{label}: memory ratio grows with depth by more than 0.03")
+        if results["training"][label] < min_training:
+            missed.append(f"{label}: training ratio {results['training'][label]:.3f} < {min_training}")
+        if results["decoding"][label] < min_decoding:
+            missed.append(f"{label}: decoding ratio {results['decoding'][label]:.3f} < {min_decoding}")
+    return missed
+
+
+def format_table(results: dict) -> str:
+    depths = sorted(results["memory"])
+    header = ["variant"] + [f"memory {d}L" for d in depths] + ["train tok/s", "decode tok/s"]
+    rows = [header]
+    for label, _, _ in VARIANTS:
+        row = [label] + [f"{results['memory'][d][label]:.3f}" for d in depths]
+        rows.append(row + [f"{results['training'][label]:.3f}", f"{results['decoding'][label]:.3f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--decode-shape", default="qwen3-0.6b", choices=["qwen3-0.6b", "small"])
+    parser.add_argument("--quick", action="store_true", help="short sequences and few repeats: a smoke run")
+    parser.add_argument("--output", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    decode_shape = QWEN3_06B if args.decode_shape == "qwen3-0.6b" else {**SMALL, "num_hidden_layers": 12}
+    settings = Settings(
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        batch=4,
+        seq=128 if args.quick else 512,
+        depths=[4, 8] if args.quick else [12, 28],
+        train_layers=12,
+        train_steps=3 if args.quick else 10,
+        decode_shape=decode_shape if not args.quick else {**SMALL, "num_hidden_layers": 4},
+        prompt=128,
+        new_tokens=8 if args.quick else 32,
+        decode_runs=2 if args.quick else 5,
+    )
+    return settings, args.output
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, output = parse_settings(argv)
+    torch.set_grad_enabled(True)
+    results = {
+        "settings": {
+            "device": settings.device,
+            "dtype": str(settings.dtype),
+            "batch": settings.batch,
+            "seq": settings.seq,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "memory": measure_memory(settings),
+        "training": measure_training(settings),
+        "decoding": measure_decoding(settings),
+    }
+    missed = check_targets(results)
+    results["targets_missed"] = missed
+    print(format_table(results))
+    print("\nall targets met" if not missed else "\ntargets missed:\n" + "\n".join(missed))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Run under `torchrun --nproc_per_node 2`: every mode sharded with FSDP2 (`fully_shard` per decoder layer, CPU and
+gloo, gates prepared as the fine-tuning script prepares them) against the same model unsharded. Rank 0 writes the
+largest loss, gradient and gathered-state differences as JSON."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from finetune.model import gates_as_scalars, gates_as_vectors
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+
+
+def differences(mode: str) -> dict:
+    torch.manual_seed(0)
+    config = DeltaQwen3Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, routing_mode=mode, routing_num_blocks=2,
+        routing_gate=mode.startswith("delta"),
+    )
+    reference = DeltaQwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if "_route." in name:
+                param.normal_(0.0 if name.endswith("weight") else 0.5, 0.3).add_(1.0 if name.endswith("weight") else 0)
+    sharded = DeltaQwen3ForCausalLM(config)
+    sharded.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    loss = reference(ids, labels=ids).loss
+    loss.backward()
+    gates_as_vectors(sharded)
+    for layer in sharded.model.layers:
+        fully_shard(layer)
+    fully_shard(sharded)
+    sharded_loss = sharded(ids, labels=ids).loss
+    sharded_loss.backward()
+    grads = dict(reference.named_parameters())
+    worst = 0.0
+    for name, param in sharded.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        worst = max(worst, (grad.reshape(grads[name].shape) - grads[name].grad).abs().max().item())
+    gathered = gates_as_scalars({name: t.full_tensor() for name, t in sharded.state_dict().items()})
+    expected = reference.state_dict()
+    same_state = gathered.keys() == expected.keys() and all(torch.equal(gathered[k], expected[k]) for k in expected)
+    return {"loss": abs(sharded_loss.item() - loss.item()), "grad": worst, "same_state": same_state}
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    results = {mode: differences(mode) for mode in ("delta", "delta_block", "attnres_full", "attnres_block")}
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as handle:
+            json.dump(results, handle)
+    dist.destroy_process_group()
