@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conversion import convert, verify
 from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
+from delta_qwen3.jsonl import read_json_lines, write_json_lines
 from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics
@@ -50,14 +51,6 @@ def step(number: int, title: str) -> None:
     print(f"\n=== [{number}/5] {title}", flush=True)
 
 
-def write_jsonl(path: Path, texts: list[str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        for text in texts:
-            handle.write(json.dumps({"text": text}) + "\n")
-    return path
-
-
 def split_corpus(out: Path) -> dict[str, Path]:
     """Python's documentation, split by document: pre-training, fine-tuning (held out from pre-training) and
     validation (held out from both)."""
@@ -65,7 +58,10 @@ def split_corpus(out: Path) -> dict[str, Path]:
     random.Random(0).shuffle(texts)
     n = len(texts)
     parts = {"pretrain": texts[: n // 2], "finetune": texts[n // 2 : 4 * n // 5], "validation": texts[4 * n // 5 :]}
-    return {name: write_jsonl(out / "data" / f"{name}.jsonl", part) for name, part in parts.items()}
+    return {
+        name: write_json_lines(out / "data" / f"{name}.jsonl", ({"text": text} for text in part))
+        for name, part in parts.items()
+    }
 
 
 def run(command: list[str]) -> None:
@@ -104,7 +100,7 @@ def finetune_command(settings: DemoSettings, launcher: list[str], model_args: li
 def pretrain_base(settings: DemoSettings, corpus: dict[str, Path]) -> Path:
     """A byte-level BPE tokenizer and a small Qwen3, both trained from scratch on the pre-training split."""
     tokenizer_dir = settings.out / "tokenizer"
-    texts = [json.loads(line)["text"] for line in corpus["pretrain"].read_text().splitlines()]
+    texts = [document["text"] for _, document in read_json_lines(corpus["pretrain"])]
     train_bpe_tokenizer(texts, settings.vocab_size).save_pretrained(tokenizer_dir)
     config_file = settings.out / "base-config.json"
     config_file.write_text(json.dumps(DEMO_BASE_CONFIG))

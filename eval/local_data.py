@@ -12,6 +12,7 @@ import datasets
 from lm_eval.tasks._yaml_loader import load_yaml
 
 from delta_qwen3.errors import CommandError
+from delta_qwen3.jsonl import read_json_lines
 
 from .benchmarks import Benchmark
 from .files import atomic_output
@@ -52,22 +53,11 @@ def check_data_file(benchmark: Benchmark, data_dir: Path) -> int:
     if not path.is_file():
         raise CommandError(f"data file {path} is missing (task {benchmark.name} reads it)")
     count = 0
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                document = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise CommandError(f"{path} line {number} is not valid JSON: {error}") from None
-            if not isinstance(document, dict):
-                raise CommandError(f"{path} line {number} is not a JSON object")
-            for field in benchmark.fields:
-                if not _has_field(document, field):
-                    raise CommandError(
-                        f"{path} line {number} lacks field {field!r}, which task {benchmark.name} needs"
-                    )
-            count += 1
+    for number, document in read_json_lines(path):
+        for field in benchmark.fields:
+            if not _has_field(document, field):
+                raise CommandError(f"{path} line {number} lacks field {field!r}, which task {benchmark.name} needs")
+        count += 1
     if count == 0:
         raise CommandError(f"data file {path} has no documents")
     return count

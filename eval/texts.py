@@ -1,30 +1,23 @@
 """Text for perplexity and routing analysis: a text file, a JSON-lines file or a Hub dataset, as one token
 stream."""
 
-import json
 from pathlib import Path
 
 import datasets
 import torch
 
 from delta_qwen3.errors import CommandError
+from delta_qwen3.jsonl import read_json_lines
 
 _FILE_SUFFIXES = (".txt", ".jsonl", ".json")
 
 
 def _jsonl_texts(path: Path, text_field: str) -> list[str]:
     texts = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                document = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise CommandError(f"{path} line {number} is not valid JSON: {error}") from None
-            if not isinstance(document, dict) or not isinstance(document.get(text_field), str):
-                raise CommandError(f"{path} line {number} lacks the text field {text_field!r}")
-            texts.append(document[text_field])
+    for number, document in read_json_lines(path):
+        if not isinstance(document.get(text_field), str):
+            raise CommandError(f"{path} line {number} lacks the text field {text_field!r}")
+        texts.append(document[text_field])
     return texts
 
 

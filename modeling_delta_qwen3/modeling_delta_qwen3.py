@@ -99,8 +99,12 @@ class DeltaQwen3DecoderLayer(nn.Module):
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.post_attention_layernorm(x))
 
+    @property
+    def _checkpointing(self) -> bool:
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
     def _run(self, sublayer: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        if self._checkpointing:
             # Keyword arguments are bound first: reentrant checkpointing accepts positional ones only.
             return self._gradient_checkpointing_func(partial(sublayer, **kwargs), x, *args)
         return sublayer(x, *args, **kwargs)
@@ -112,8 +116,8 @@ class DeltaQwen3DecoderLayer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         **kwargs,
-    ) -> "DecoderLayerOutput":
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+    ) -> DecoderLayerOutput:
+        if self._checkpointing:
             cache = None  # recomputing attention in backward would write the cache a second time
         state.enter_layer(self.layer_idx)
         attn_output = self._run(self._attention, state.routed_input(self.attn_route), position_embeddings,
