@@ -26,10 +26,14 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _dot_last(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.einsum("...d,...d->...", x, y)
+    """Dot products over the last dimension, `[..., D] x [..., D] -> [...]`, as one batched matrix product."""
+    return (x.unsqueeze(-2) @ y.unsqueeze(-1)).flatten(-3)
 
 
 class _DepthMix(torch.autograd.Function):
+    # Every pass over a `[batch, seq, D]` tensor costs as much as the routing's arithmetic, so each step below is
+    # arranged to read each source as few times as possible: forward twice (scores, mixture), backward three times.
+
     @staticmethod
     def forward(ctx, residual, gate, query, norm_weight, num_sources, *sources_and_inv_rms):
         sources = sources_and_inv_rms[:num_sources]
@@ -38,30 +42,30 @@ class _DepthMix(torch.autograd.Function):
         w = query.to(acc) * norm_weight.to(acc)
         scores = torch.stack([x.to(acc) @ w for x in sources], dim=-1)
         alpha = torch.softmax(scores * inv_rms, dim=-1)
-        mix = _weighted_sum(alpha, sources)
-        if residual is None:
-            out = mix.to(sources[0].dtype)
-        else:
-            scaled = mix if gate is None else mix * gate.to(acc)
-            out = (residual.to(acc) + scaled).to(residual.dtype)
+        # With a residual: residual + sum_j (gamma alpha_j) x_j, accumulated straight onto the residual.
+        weights = alpha if gate is None or residual is None else alpha * gate.to(acc)
+        start = residual.to(acc) if residual is not None else torch.zeros_like(sources[0], dtype=acc)
+        out = torch.addcmul(start, sources[0], weights[..., :1])
+        for j in range(1, num_sources):
+            out.addcmul_(sources[j], weights[..., j : j + 1])
         ctx.num_sources = num_sources
         ctx.has_residual = residual is not None
         ctx.save_for_backward(gate, query, norm_weight, alpha, scores, inv_rms, *sources)
         ctx.mark_non_differentiable(alpha)
-        return out, alpha
+        return out.to((residual if residual is not None else sources[0]).dtype), alpha
 
     @staticmethod
     def backward(ctx, grad_out, _grad_alpha):
         gate, query, norm_weight, alpha, scores, inv_rms, *sources = ctx.saved_tensors
         acc = inv_rms.dtype
+        weights = alpha if gate is None or not ctx.has_residual else alpha * gate.to(acc)
         grad_out_f = grad_out.to(acc)
-        grad_mix = grad_out_f if gate is None else grad_out_f * gate.to(acc)
-
+        # x_j . dL/d(out): the gradient of alpha_j up to the gate, and of the gate up to alpha_j.
+        dots = torch.stack([_dot_last(x.to(acc), grad_out_f) for x in sources], dim=-1)
         grad_gate = None
         if gate is not None and ctx.needs_input_grad[1]:
-            grad_gate = _dot_last(grad_out_f, _weighted_sum(alpha, sources)).sum().to(gate.dtype).reshape(gate.shape)
-
-        grad_alpha = torch.stack([_dot_last(x.to(acc), grad_mix) for x in sources], dim=-1)
+            grad_gate = (alpha * dots).sum().to(gate.dtype).reshape(gate.shape)
+        grad_alpha = dots if weights is alpha else dots * gate.to(acc)
         grad_logits = alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
         grad_scores = grad_logits * inv_rms
         grad_inv_rms = grad_logits * scores
@@ -70,9 +74,9 @@ class _DepthMix(torch.autograd.Function):
         grad_w = torch.zeros_like(w)
         grad_sources = []
         for j, x in enumerate(sources):
-            a_j, s_j = alpha[..., j : j + 1], grad_scores[..., j : j + 1]
-            grad_sources.append((grad_mix * a_j + s_j * w).to(x.dtype))
-            grad_w += s_j.flatten() @ x.to(acc).flatten(0, -2)
+            s_j = grad_scores[..., j : j + 1]
+            grad_sources.append(torch.addcmul(s_j * w, grad_out_f, weights[..., j : j + 1]).to(x.dtype))
+            grad_w.addmv_(x.to(acc).flatten(0, -2).T, s_j.flatten())
         grad_residual = grad_out if ctx.has_residual else None
         return (
             grad_residual,
@@ -85,12 +89,26 @@ class _DepthMix(torch.autograd.Function):
         )
 
 
-def _weighted_sum(alpha: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
-    """`sum_j alpha_j x_j` in alpha's precision, accumulated in place rather than over a stacked copy."""
-    mix = sources[0].to(alpha.dtype) * alpha[..., :1]
-    for j, x in enumerate(sources[1:], start=1):
-        mix.addcmul_(x, alpha[..., j : j + 1])
-    return mix
+def stacked_depth_mix(
+    stack: torch.Tensor,
+    inv_rms: torch.Tensor,
+    query: torch.Tensor,
+    norm_weight: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same routing without autograd, over sources stacked as `[tokens, n, D]` in the compute dtype (a view
+    into a buffer that holds each source once): a few batched products, however many sources there are. Returns
+    the routed tensor `[tokens, D]` and the routing weights `[tokens, n]`."""
+    acc = stack.dtype
+    w = (query.to(acc) * norm_weight.to(acc)).view(1, -1, 1).expand(stack.shape[0], -1, 1)
+    alpha = torch.softmax(torch.bmm(stack, w).squeeze(-1) * inv_rms, dim=-1)
+    mix = torch.bmm(alpha.unsqueeze(-2), stack).squeeze(-2)
+    if residual is None:
+        return mix, alpha
+    if gate is not None:
+        mix = mix * gate.to(acc)
+    return (residual.to(acc) + mix).to(residual.dtype), alpha
 
 
 def depth_mix(

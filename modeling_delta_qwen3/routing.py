@@ -19,7 +19,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
-from .depth_mix import depth_mix, inverse_rms
+from .depth_mix import compute_dtype, depth_mix, inverse_rms, stacked_depth_mix
 
 
 class RoutingPoint(nn.Module):
@@ -32,38 +32,104 @@ class RoutingPoint(nn.Module):
         self.norm = Qwen3RMSNorm(hidden_size, eps=eps)
         self.gate = nn.Parameter(torch.zeros(())) if gated else None
 
-    def route(
-        self, sources: list[torch.Tensor], inv_rms: list[torch.Tensor], residual: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` when a residual is given, else `mix`; also returns the routing weights."""
-        gate = self.gate if residual is not None else None
-        return depth_mix(sources, inv_rms, self.query, self.norm.weight, residual=residual, gate=gate)
+
+class SourceList:
+    """The sources as separate tensors, each with its inverse RMS computed once. Used when autograd records: the
+    fused function then saves references to tensors that exist anyway, never a stacked copy."""
+
+    def __init__(self, eps: float, capacity: int):
+        self.eps = eps
+        self.tensors: list[torch.Tensor] = []
+        self.inv_rms: list[torch.Tensor] = []
+
+    def append(self, x: torch.Tensor) -> None:
+        self.tensors.append(x)
+        self.inv_rms.append(inverse_rms(x, self.eps))
+
+    def route(self, point: RoutingPoint, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
+        read once; also returns the routing weights."""
+        tensors, inv_rms = self.tensors, self.inv_rms
+        if extra is not None:
+            tensors, inv_rms = [*tensors, extra], [*inv_rms, inverse_rms(extra, self.eps)]
+        gate = point.gate if residual is not None else None
+        return depth_mix(tensors, inv_rms, point.query, point.norm.weight, residual=residual, gate=gate)
+
+    def to(self, *args, **kwargs) -> "SourceList":
+        moved = copy.copy(self)
+        moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
+        moved.inv_rms = [t.to(*args, **kwargs) for t in self.inv_rms]
+        return moved
+
+
+class SourceStack:
+    """The sources copied once each into one `[tokens, capacity, D]` buffer. Used without autograd (inference,
+    generation): a routing point is then a few batched products instead of a few operations per source."""
+
+    def __init__(self, eps: float, capacity: int):
+        self.eps = eps
+        self.capacity = capacity
+        self.count = 0
+        self.buffer: torch.Tensor | None = None
+        self.inv_rms: torch.Tensor | None = None
+
+    def _write(self, slot: int, x: torch.Tensor) -> None:
+        if self.buffer is None:
+            self.shape, self.dtype = x.shape, x.dtype
+            tokens = x.shape[:-1].numel()
+            self.buffer = x.new_empty(tokens, self.capacity, x.shape[-1], dtype=compute_dtype(x.dtype))
+            self.inv_rms = x.new_empty(tokens, self.capacity, dtype=compute_dtype(x.dtype))
+        self.buffer[:, slot] = x.reshape(-1, x.shape[-1])
+        self.inv_rms[:, slot] = inverse_rms(self.buffer[:, slot], self.eps).squeeze(-1)
+
+    def append(self, x: torch.Tensor) -> None:
+        self._write(self.count, x)
+        self.count += 1
+
+    def route(self, point: RoutingPoint, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        count = self.count
+        if extra is not None:  # the slot after the last source, overwritten by the next source or extra
+            self._write(count, extra)
+            count += 1
+        gate = point.gate if residual is not None else None
+        flat_residual = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
+        routed, weights = stacked_depth_mix(
+            self.buffer[:, :count], self.inv_rms[:, :count], point.query, point.norm.weight, flat_residual, gate
+        )
+        return routed.view(self.shape).to(self.dtype), weights.view(*self.shape[:-1], count)
+
+    def to(self, *args, **kwargs) -> "SourceStack":
+        moved = copy.copy(self)
+        if self.buffer is not None:
+            moved.buffer, moved.inv_rms = self.buffer.to(*args, **kwargs), self.inv_rms.to(*args, **kwargs)
+        return moved
 
 
 class DepthState:
-    """The sources of one forward pass and their inverse RMS, each computed once, plus the mode's own tensors.
+    """What one forward pass carries over depth: the sources routed over (see `SourceList`, `SourceStack`), the
+    routing weights so far, and each mode's own tensors.
 
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
     """
 
     def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config):
-        self.eps = config.rms_norm_eps
         self.layers_per_block = config.layers_per_block
-        self.sources: list[torch.Tensor] = []
-        self.inv_rms: list[torch.Tensor] = []
+        sources = SourceList if torch.is_grad_enabled() else SourceStack
+        self.sources = sources(config.rms_norm_eps, self.capacity(config))
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
-        self.add_source(h0)
+        self.sources.append(h0)
 
-    def add_source(self, x: torch.Tensor) -> None:
-        self.sources.append(x)
-        self.inv_rms.append(inverse_rms(x, self.eps))
+    @staticmethod
+    def capacity(config: DeltaQwen3Config) -> int:
+        """The most sources a routing point of this mode reads."""
+        return 2 * config.num_hidden_layers + 1
 
     def starts_block(self, layer_idx: int) -> bool:
         return layer_idx > 0 and layer_idx % self.layers_per_block == 0
 
-    def _route(self, point: RoutingPoint, sources, inv_rms, residual=None) -> torch.Tensor:
-        routed, weights = point.route(sources, inv_rms, residual)
+    def _route(self, point: RoutingPoint, residual=None, extra=None) -> torch.Tensor:
+        routed, weights = self.sources.route(point, residual, extra)
         self.routing_weights.append(weights)
         return routed
 
@@ -86,10 +152,8 @@ class DepthState:
         """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
         moved = copy.copy(self)
         for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, (torch.Tensor, SourceList, SourceStack)):
                 setattr(moved, name, value.to(*args, **kwargs))
-            elif isinstance(value, list) and name != "routing_weights":
-                setattr(moved, name, [t.to(*args, **kwargs) for t in value])
         return moved
 
 
@@ -103,7 +167,7 @@ class _AdditiveState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.hidden
-        return self._route(point, self.sources, self.inv_rms, residual=self.hidden)
+        return self._route(point, residual=self.hidden)
 
     def final_hidden(self, final_point):
         return self.hidden
@@ -114,7 +178,7 @@ class DeltaState(_AdditiveState):
 
     def add_output(self, v):
         self.hidden = self.hidden + v
-        self.add_source(v)
+        self.sources.append(v)
 
 
 class DeltaBlockState(_AdditiveState):
@@ -125,9 +189,13 @@ class DeltaBlockState(_AdditiveState):
         super().__init__(h0, config)
         self.block_start = h0
 
+    @staticmethod
+    def capacity(config):
+        return -(-config.num_hidden_layers // config.layers_per_block)
+
     def enter_layer(self, layer_idx):
         if self.starts_block(layer_idx):
-            self.add_source(self.hidden - self.block_start)
+            self.sources.append(self.hidden - self.block_start)
             self.block_start = self.hidden
 
     def add_output(self, v):
@@ -140,13 +208,13 @@ class AttnResFullState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.h0
-        return self._route(point, self.sources, self.inv_rms)
+        return self._route(point)
 
     def add_output(self, v):
-        self.add_source(v)
+        self.sources.append(v)
 
     def final_hidden(self, final_point):
-        return self._route(final_point, self.sources, self.inv_rms)
+        return self._route(final_point)
 
 
 class AttnResBlockState(DepthState):
@@ -156,13 +224,15 @@ class AttnResBlockState(DepthState):
     def __init__(self, h0, config):
         super().__init__(h0, config)
         self.partial: torch.Tensor | None = None
-        self.partial_inv_rms: torch.Tensor | None = None
+
+    @staticmethod
+    def capacity(config):
+        return 1 + -(-config.num_hidden_layers // config.layers_per_block)
 
     def _close_block(self):
         if self.partial is not None:
             self.sources.append(self.partial)
-            self.inv_rms.append(self.partial_inv_rms)
-            self.partial = self.partial_inv_rms = None
+            self.partial = None
 
     def enter_layer(self, layer_idx):
         if self.starts_block(layer_idx):
@@ -171,17 +241,14 @@ class AttnResBlockState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.h0
-        if self.partial is None:
-            return self._route(point, self.sources, self.inv_rms)
-        return self._route(point, [*self.sources, self.partial], [*self.inv_rms, self.partial_inv_rms])
+        return self._route(point, extra=self.partial)
 
     def add_output(self, v):
         self.partial = v if self.partial is None else self.partial + v
-        self.partial_inv_rms = inverse_rms(self.partial, self.eps)
 
     def final_hidden(self, final_point):
         self._close_block()
-        return self._route(final_point, self.sources, self.inv_rms)
+        return self._route(final_point)
 
 
 DEPTH_STATES: dict[str, type[DepthState]] = {

@@ -40,18 +40,22 @@ def token_ids(batch: int = 2, seq: int = 11, seed: int = 1) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode,gated", VARIANTS)
 @pytest.mark.parametrize("num_blocks", [2, 3])
-def test_matches_spec_reference(mode, gated, num_blocks):
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "inference"])
+def test_matches_spec_reference(mode, gated, num_blocks, grad):
+    """Both routing paths: the fused autograd function (training) and the stacked one (inference)."""
     model = random_model(mode, gated)
     model.config.routing_num_blocks = num_blocks
     ids = token_ids()
     expected_logits, expected_weights = reference_forward(model, ids)
-    out = model.double()(ids, output_routing_weights=True)
+    with torch.set_grad_enabled(grad):
+        out = model.double()(ids, output_routing_weights=True)
     torch.testing.assert_close(out.logits, expected_logits, atol=1e-5, rtol=0)
     assert len(out.routing_weights) == len(expected_weights)
     for got, expected in zip(out.routing_weights, expected_weights):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     # In float32 the model differs from the float64 reference by rounding alone.
-    logits32 = model.float()(ids).logits
+    with torch.set_grad_enabled(grad):
+        logits32 = model.float()(ids).logits
     torch.testing.assert_close(logits32.double(), expected_logits, atol=1e-4, rtol=0)
 
 
