@@ -6,13 +6,24 @@ For a routing point with query `q`, norm weight `g` and optional gate `gamma`, o
     out     = residual + gamma * sum_j alpha_j x_j          (additive routing)
     out     = sum_j alpha_j x_j                             (replacement routing: no residual, no gate)
 
-`r_j` is computed once per source by the caller and shared by every routing point that reads it. Plain autograd
-would save a stacked, normalised copy of all sources at every routing point (memory quadratic in depth); this
-function saves only references to the sources, which the forward pass keeps alive anyway, and per-token tensors
-of size `n`. The backward pass is derived by hand and checked against autograd in the tests.
+Three implementations of these two lines, all checked against the spec's float64 reference in the tests:
+
+- `depth_mix`, the default while autograd records: one autograd function. `r_j` is computed once per source by
+  the caller and shared by every routing point that reads it. Plain autograd would save a stacked, normalised copy
+  of all sources at every routing point (memory quadratic in depth); this function saves only references to the
+  sources, which the forward pass keeps alive anyway, and per-token tensors of size `n`. Its backward pass is
+  derived by hand.
+- `stacked_depth_mix`, without autograd (inference, generation): sources stacked once in one buffer, so that a
+  routing point is a few batched products whatever the number of sources.
+- `fla_depth_mix`, on CUDA when flash-linear-attention is installed: its fused `fused_attnres` kernels.
 """
 
 import torch
+
+try:  # flash-linear-attention's fused CUDA kernels for the mixture, forward and backward: `pip install delta-qwen3[fla]`
+    from fla.ops.attnres import fused_attnres
+except ImportError:
+    fused_attnres = None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -121,3 +132,26 @@ def depth_mix(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Route over `sources`; returns the routed tensor and the routing weights `[..., n_sources]`."""
     return _DepthMix.apply(residual, gate, query, norm_weight, len(sources), *sources, *inv_rms)
+
+
+def use_fla(x: torch.Tensor) -> bool:
+    """Whether routing over sources like `x` goes through flash-linear-attention's kernel: on CUDA, when installed."""
+    return fused_attnres is not None and x.is_cuda
+
+
+def fla_depth_mix(
+    sources: list[torch.Tensor],
+    query: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`depth_mix` through `fla.ops.attnres.fused_attnres`, which computes exactly `mix` (RMS-normalised sources
+    scored against the query, softmax over sources, weighted sum) in fused kernels; the residual and gate are
+    applied around it."""
+    mix, weights = fused_attnres(query, sources, norm_weight, rms_eps=eps, return_weights=True)
+    weights = weights.movedim(0, -1)
+    if residual is None:
+        return mix, weights
+    return residual + (mix if gate is None else gate.to(mix.dtype) * mix), weights

@@ -19,7 +19,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
-from .depth_mix import compute_dtype, depth_mix, inverse_rms, stacked_depth_mix
+from .depth_mix import compute_dtype, depth_mix, fla_depth_mix, inverse_rms, stacked_depth_mix, use_fla
 
 
 class RoutingPoint(nn.Module):
@@ -53,6 +53,8 @@ class SourceList:
         if extra is not None:
             tensors, inv_rms = [*tensors, extra], [*inv_rms, inverse_rms(extra, self.eps)]
         gate = point.gate if residual is not None else None
+        if use_fla(tensors[0]):
+            return fla_depth_mix(tensors, point.query, point.norm.weight, self.eps, residual=residual, gate=gate)
         return depth_mix(tensors, inv_rms, point.query, point.norm.weight, residual=residual, gate=gate)
 
     def to(self, *args, **kwargs) -> "SourceList":
