@@ -21,7 +21,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-$(COMPAT)/.installed: Makefile
+$(COMPAT)/.installed: Makefile | $(VENV)/.installed
 	rm -rf $(COMPAT)
 	$(PY) -m pip install -q --no-deps --target $(COMPAT) $(COMPAT_PACKAGES)
 	touch $@

@@ -2,8 +2,9 @@
 
 Three figures, each as a ratio to Qwen3 measured in the same process:
 - autograd saved-activation bytes of one training forward (unique storages, parameters excluded): noise-free;
-- training-step tokens/s (forward + backward + AdamW), median over steps after warm-up, models interleaved;
-- greedy decoding tokens/s with the KV cache, median over runs, models interleaved.
+- training-step tokens/s (forward + backward + AdamW);
+- greedy decoding tokens/s with the KV cache;
+both as the median over rounds of paired ratios, each round timing Qwen3 and the variants back to back.
 
     python benchmarks/routing_overhead.py                     # the README's table (CPU, float32)
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
@@ -115,18 +116,23 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int, device: str) -> dict:
-    """Median seconds per call for each function, calling them in turns so that drift hits all of them alike."""
-    times = {name: [] for name in runs}
+def _paired_ratios(runs: dict[str, Callable[[], None]], repeats: int, warmup: int, device: str) -> dict:
+    """Speed of each run relative to the "qwen3" run: the median over rounds of `t(qwen3) / t(run)`, each round
+    timing every run once, one right after the other, so that drift on a shared machine cancels in each ratio.
+    Also the median seconds of the "qwen3" run, under "qwen3_seconds"."""
+    rounds = []
     for round_index in range(warmup + repeats):
+        times = {}
         for name, run in runs.items():
             _synchronize(device)
             start = time.perf_counter()
             run()
             _synchronize(device)
-            if round_index >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+            times[name] = time.perf_counter() - start
+        if round_index >= warmup:
+            rounds.append(times)
+    ratios = {name: statistics.median(r["qwen3"] / r[name] for r in rounds) for name in runs}
+    return ratios | {"qwen3_seconds": statistics.median(r["qwen3"] for r in rounds)}
 
 
 def training_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
@@ -167,9 +173,8 @@ def measure_training(settings: Settings) -> dict:
     ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
     shape = {**SMALL, "num_hidden_layers": settings.train_layers}
     steps = {label: training_step(build(shape, mode, gated, settings), ids) for label, mode, gated in VARIANTS}
-    seconds = _interleaved_medians(steps, settings.train_steps, warmup=2, device=settings.device)
-    tokens = ids.numel()
-    return {label: seconds["qwen3"] / seconds[label] for label in seconds} | {"qwen3_tokens_per_s": tokens / seconds["qwen3"]}
+    ratios = _paired_ratios(steps, settings.train_steps, warmup=2, device=settings.device)
+    return ratios | {"qwen3_tokens_per_s": ids.numel() / ratios.pop("qwen3_seconds")}
 
 
 def measure_decoding(settings: Settings) -> dict:
@@ -180,9 +185,9 @@ def measure_decoding(settings: Settings) -> dict:
     ratios, qwen3_seconds = {"qwen3": 1.0}, []
     for label, mode, gated in VARIANTS[1:]:
         variant = decoding_run(build(settings.decode_shape, mode, gated, settings), prompt, settings.new_tokens)
-        seconds = _interleaved_medians({"qwen3": qwen3, label: variant}, settings.decode_runs, 1, settings.device)
-        ratios[label] = seconds["qwen3"] / seconds[label]
-        qwen3_seconds.append(seconds["qwen3"])
+        pair = _paired_ratios({"qwen3": qwen3, label: variant}, settings.decode_runs, 1, settings.device)
+        ratios[label] = pair[label]
+        qwen3_seconds.append(pair["qwen3_seconds"])
         del variant
     return ratios | {"qwen3_tokens_per_s": settings.new_tokens / statistics.median(qwen3_seconds)}
 

@@ -108,13 +108,15 @@ def stacked_depth_mix(
     residual: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same routing without autograd, over sources stacked as `[tokens, n, D]` in the compute dtype (a view
-    into a buffer that holds each source once): a few batched products, however many sources there are. Returns
-    the routed tensor `[tokens, D]` and the routing weights `[tokens, n]`."""
+    """The same routing without autograd, over sources stacked as `[n, tokens, D]` in the compute dtype, with
+    inverse RMS `[n, tokens]` (views into buffers that hold each source once): two matrix products, however many
+    sources there are. Returns the routed tensor `[tokens, D]` and the routing weights `[tokens, n]`."""
+    n, tokens, hidden = stack.shape
     acc = stack.dtype
-    w = (query.to(acc) * norm_weight.to(acc)).view(1, -1, 1).expand(stack.shape[0], -1, 1)
-    alpha = torch.softmax(torch.bmm(stack, w).squeeze(-1) * inv_rms, dim=-1)
-    mix = torch.bmm(alpha.unsqueeze(-2), stack).squeeze(-2)
+    w = query.to(acc) * norm_weight.to(acc)
+    scores = (stack.reshape(n * tokens, hidden) @ w).view(n, tokens)
+    alpha = torch.softmax((scores * inv_rms).T, dim=-1)
+    mix = torch.bmm(alpha.unsqueeze(1), stack.transpose(0, 1)).squeeze(1)
     if residual is None:
         return mix, alpha
     if gate is not None:

@@ -65,8 +65,8 @@ class SourceList:
 
 
 class SourceStack:
-    """The sources copied once each into one `[tokens, capacity, D]` buffer. Used without autograd (inference,
-    generation): a routing point is then a few batched products instead of a few operations per source."""
+    """The sources copied once each into one `[capacity, tokens, D]` buffer. Used without autograd (inference,
+    generation): a routing point is then two matrix products instead of a few operations per source."""
 
     def __init__(self, eps: float, capacity: int):
         self.eps = eps
@@ -78,11 +78,11 @@ class SourceStack:
     def _write(self, slot: int, x: torch.Tensor) -> None:
         if self.buffer is None:
             self.shape, self.dtype = x.shape, x.dtype
-            tokens = x.shape[:-1].numel()
-            self.buffer = x.new_empty(tokens, self.capacity, x.shape[-1], dtype=compute_dtype(x.dtype))
-            self.inv_rms = x.new_empty(tokens, self.capacity, dtype=compute_dtype(x.dtype))
-        self.buffer[:, slot] = x.reshape(-1, x.shape[-1])
-        self.inv_rms[:, slot] = inverse_rms(self.buffer[:, slot], self.eps).squeeze(-1)
+            tokens, acc = x.shape[:-1].numel(), compute_dtype(x.dtype)
+            self.buffer = x.new_empty(self.capacity, tokens, x.shape[-1], dtype=acc)
+            self.inv_rms = x.new_empty(self.capacity, tokens, dtype=acc)
+        self.buffer[slot] = x.reshape(-1, x.shape[-1])
+        self.inv_rms[slot] = inverse_rms(self.buffer[slot], self.eps).squeeze(-1)
 
     def append(self, x: torch.Tensor) -> None:
         self._write(self.count, x)
@@ -96,9 +96,9 @@ class SourceStack:
         gate = point.gate if residual is not None else None
         flat_residual = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
         routed, weights = stacked_depth_mix(
-            self.buffer[:, :count], self.inv_rms[:, :count], point.query, point.norm.weight, flat_residual, gate
+            self.buffer[:count], self.inv_rms[:count], point.query, point.norm.weight, flat_residual, gate
         )
-        return routed.view(self.shape).to(self.dtype), weights.view(*self.shape[:-1], count)
+        return routed.view(self.shape).to(self.dtype), weights.reshape(*self.shape[:-1], count)
 
     def to(self, *args, **kwargs) -> "SourceStack":
         moved = copy.copy(self)
