@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .files import atomic_output, write_json  # noqa: E402
@@ -44,6 +45,7 @@ def plot_weight_heatmaps(runs: dict[str, dict], path: Path) -> None:
         image = axis.imshow(_weight_matrix(stats), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
         names = [point["name"] for point in stats["points"]]
         axis.set_yticks(range(len(names)), names, fontsize=7 if len(names) <= 64 else 4)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # sources are counted, not measured
         axis.set_xlabel("source (0 = embedding)")
         axis.set_ylabel("routing point (layer.sublayer)")
         axis.set_title(f"{label}\n{stats['routing_mode']}, mean max weight {stats['mean_max_weight']:.2f}", fontsize=9)
@@ -59,6 +61,7 @@ def plot_max_weight_by_depth(runs: dict[str, dict], path: Path) -> None:
         values = [point["mean_max_weight"] for point in stats["points"]]
         axis.plot(sublayers, values, marker="o", markersize=3, label=f"{label} (mean {stats['mean_max_weight']:.2f})")
     axis.set_ylim(0.0, 1.05)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_xlabel("sublayer (2i = layer i attention, 2i+1 = layer i MLP)")
     axis.set_ylabel("mean max routing weight")
     axis.grid(alpha=0.3)

@@ -1,0 +1,39 @@
+"""The benchmark scripts run end to end and report what the README quotes (their timings are not asserted)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, isolated_env
+
+from benchmarks.routing_overhead import VARIANTS
+
+
+@pytest.mark.slow
+def test_routing_overhead_quick_run_reports_every_figure(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())
+    labels = [label for label, _, _ in VARIANTS]
+    for figure in ("training", "decoding"):
+        assert set(labels) <= set(results[figure]) and results[figure]["qwen3"] == 1.0
+        assert all(results[figure][label] > 0 for label in labels)
+    for ratios in results["memory"].values():
+        assert ratios["qwen3"] == 1.0 and 1.0 <= ratios["delta_block"] <= 1.05
+    assert all(label in completed.stdout for label in labels)
+
+
+@pytest.mark.slow
+def test_conversion_memory_stays_near_the_largest_shard():
+    command = [sys.executable, "benchmarks/convert_memory.py", "--layers", "12", "--hidden", "256", "--shard-mb", "8"]
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=isolated_env(), capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["shards"] > 4
+    # Streaming: the conversion holds about one shard at a time, never the whole model.
+    assert report["peak_above_imports_mb"] < report["model_mb"] / 2, report
