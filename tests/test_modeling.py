@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_qwen3_config
 from spec_reference import randomize_routing, reference_forward
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
 from modeling_delta_qwen3.depth_mix import depth_mix, inverse_rms
@@ -306,3 +306,14 @@ def test_num_blocks_equal_to_depth_and_one_block_are_valid():
     model.config.routing_num_blocks = 5
     ids = token_ids()
     torch.testing.assert_close(model.double()(ids).logits, reference_forward(model, ids)[0], atol=1e-5, rtol=0)
+
+
+def test_text_generation_pipeline(tokenizer):
+    model = random_model("delta_block", gated=True, scale=1.0)
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    prompt = "The for statement"
+    text = generator(prompt, max_new_tokens=6, do_sample=False, return_full_text=False)[0]["generated_text"]
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=2)
+    assert expected.shape[1] == ids.shape[1] + 6 and text
+    assert text == tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
