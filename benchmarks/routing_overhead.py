@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
 # (label, routing mode or None for Qwen3, gated)
@@ -52,17 +53,7 @@ SMALL = dict(
     vocab_size=4096,
     max_position_embeddings=4096,
 )
-QWEN3_06B = dict(
-    hidden_size=1024,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    intermediate_size=3072,
-    vocab_size=151936,
-    max_position_embeddings=40960,
-    tie_word_embeddings=True,
-)
+QWEN3_06B = {**preset_fields("qwen3-0.6b"), "vocab_size": 151936}
 
 
 @dataclass
