@@ -123,7 +123,8 @@ def convert_base(settings: DemoSettings, base: str) -> tuple[Path, float]:
 
 def finetune_both(settings: DemoSettings, base: str, converted: Path, data: str) -> dict[str, Path]:
     """The baseline (plain Qwen3) and the converted model, fine-tuned alike through `accelerate launch`."""
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1"]
+    launcher += ["--mixed_precision", "no", "--dynamo_backend", "no"]  # stated, so accelerate does not warn
     if settings.device == "cpu":
         launcher.append("--cpu")
     runs = {}
