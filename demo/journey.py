@@ -124,7 +124,8 @@ def convert_base(settings: DemoSettings, base: str) -> tuple[Path, float]:
 def finetune_both(settings: DemoSettings, base: str, converted: Path, data: str) -> dict[str, Path]:
     """The baseline (plain Qwen3) and the converted model, fine-tuned alike through `accelerate launch`."""
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1"]
-    launcher += ["--mixed_precision", "no", "--dynamo_backend", "no"]  # stated, so accelerate does not warn
+    # Stated, so that accelerate does not warn about defaults.
+    launcher += ["--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", str(os.cpu_count())]
     if settings.device == "cpu":
         launcher.append("--cpu")
     runs = {}
