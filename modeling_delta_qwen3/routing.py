@@ -37,7 +37,7 @@ class SourceList:
     """The sources as separate tensors, each with its inverse RMS computed once. Used when autograd records: the
     fused function then saves references to tensors that exist anyway, never a stacked copy."""
 
-    def __init__(self, eps: float, capacity: int):
+    def __init__(self, eps: float, capacity: int):  # `capacity` is for `SourceStack`; a list grows as needed
         self.eps = eps
         self.tensors: list[torch.Tensor] = []
         self.inv_rms: list[torch.Tensor] = []
