@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from delta_qwen3.atomic import replace_directory
 from delta_qwen3.errors import CommandError
 
 
@@ -37,17 +38,7 @@ def staged_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
     staging.mkdir()
     try:
         yield staging
-        if target.exists():
-            retired = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            target.rename(retired)
-            try:
-                staging.rename(target)
-            except BaseException:
-                retired.rename(target)
-                raise
-            shutil.rmtree(retired)
-        else:
-            staging.rename(target)
+        replace_directory(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

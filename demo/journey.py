@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conversion import convert, verify
+from delta_qwen3.atomic import write_json
 from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
 from delta_qwen3.jsonl import read_json_lines, write_json_lines
 from eval.models import load_causal_lm
@@ -197,7 +198,7 @@ def run_journey(settings: DemoSettings) -> dict:
     models = {"base": base, "baseline fine-tuned": finetuned["baseline"], "delta_block fine-tuned": finetuned["delta_block"]}
     summary, report = evaluate(settings, models, corpus["validation"])
     summary_file = settings.out / "summary.json"
-    summary_file.write_text(json.dumps({"conversion_max_logit_difference": difference, "models": summary}, indent=2))
+    write_json(summary_file, {"conversion_max_logit_difference": difference, "models": summary})
 
     step(5, "results")
     print(summary_table(summary))

@@ -117,7 +117,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_ppl(args: argparse.Namespace) -> int:
-    from .files import write_json
+    from delta_qwen3.atomic import write_json
     from .models import load_causal_lm
     from .perplexity import perplexity
     from .texts import load_texts

@@ -15,7 +15,7 @@ from delta_qwen3.errors import CommandError
 from delta_qwen3.jsonl import read_json_lines
 
 from .benchmarks import Benchmark
-from .files import atomic_output
+from delta_qwen3.atomic import atomic_output
 
 
 def evaluated_split(config: dict) -> str:

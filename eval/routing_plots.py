@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .files import atomic_output, write_json  # noqa: E402
+from delta_qwen3.atomic import atomic_output, write_json  # noqa: E402
 
 REPORT_FILES = ("routing.json", "routing_heatmap.png", "routing_max_weight.png")
 

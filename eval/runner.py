@@ -10,7 +10,7 @@ from lm_eval.tasks import TaskManager
 from delta_qwen3.errors import CommandError
 
 from .benchmarks import BY_NAME, Benchmark, resolve_benchmarks
-from .files import write_json
+from delta_qwen3.atomic import write_json
 from .local_data import check_data_file, task_config
 from .models import require_distinct
 

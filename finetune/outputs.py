@@ -6,7 +6,6 @@ directory beside its target and renamed into place when complete, so a killed ru
     OUT/model/                       the final model (`save_pretrained`, remote code included) and tokenizer
 """
 
-import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 from accelerate import Accelerator
 from huggingface_hub import HfApi
 
+from delta_qwen3.atomic import replace_directory
 from delta_qwen3.errors import CommandError
 
 from .config import FinetuneConfig
@@ -66,16 +66,6 @@ def prepare_output_dir(config: FinetuneConfig, accelerator: Accelerator) -> None
             shutil.rmtree(checkpoints_dir(output_dir), ignore_errors=True)
             log_path(output_dir).unlink(missing_ok=True)
     accelerator.wait_for_everyone()
-
-
-def replace_directory(temporary: Path, target: Path) -> None:
-    """Move a completed `temporary` directory to `target`, replacing an older one."""
-    old = target.with_name(f".old-{target.name}")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(temporary, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, keep: int) -> Path:

@@ -1,7 +1,6 @@
 """The Hub boundary: a Hub id as SRC (only `snapshot_download` is replaced) and publishing (only the repository
 creation and upload calls are replaced, by a copy into a local folder that is then loaded like a Hub repository)."""
 
-import json
 import shutil
 from types import SimpleNamespace
 

@@ -1,7 +1,10 @@
-"""Outputs are written to a temporary path next to their target and renamed into place when complete."""
+"""Outputs are written to a temporary path next to their target and moved into place only when complete, so an
+interrupted command never leaves a half-written file or directory behind."""
 
 import json
 import os
+import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,3 +27,19 @@ def write_json(target: Path, value) -> None:
     """Write `value` as indented JSON, atomically."""
     with atomic_output(target) as temporary:
         temporary.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def replace_directory(completed: Path, target: Path) -> None:
+    """Move the completed directory `completed` to `target`, replacing an older `target`; if the move fails, the
+    older `target` is put back."""
+    if not target.exists():
+        completed.rename(target)
+        return
+    retired = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    target.rename(retired)
+    try:
+        completed.rename(target)
+    except BaseException:
+        retired.rename(target)
+        raise
+    shutil.rmtree(retired)
