@@ -55,8 +55,10 @@ class _DepthMix(torch.autograd.Function):
         alpha = torch.softmax(scores * inv_rms, dim=-1)
         # With a residual: residual + sum_j (gamma alpha_j) x_j, accumulated straight onto the residual.
         weights = alpha if gate is None or residual is None else alpha * gate.to(acc)
-        start = residual.to(acc) if residual is not None else torch.zeros_like(sources[0], dtype=acc)
-        out = torch.addcmul(start, sources[0], weights[..., :1])
+        if residual is None:
+            out = sources[0].to(acc) * weights[..., :1]
+        else:
+            out = torch.addcmul(residual.to(acc), sources[0], weights[..., :1])
         for j in range(1, num_sources):
             out.addcmul_(sources[j], weights[..., j : j + 1])
         ctx.num_sources = num_sources
