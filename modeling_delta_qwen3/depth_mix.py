@@ -1,26 +1,32 @@
-"""The routing point's mixture as one autograd function, so that routing costs almost no memory.
+"""The sources a forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or
+time.
 
-For a routing point with query `q`, norm weight `g` and optional gate `gamma`, over sources `x_1 .. x_n`:
+For a routing point `p` with query `q`, norm weight `g` and optional gate `gamma`, over sources `x_1 .. x_n`:
 
     alpha_j = softmax_j( q . RMSNorm_g(x_j) ) = softmax_j( r_j * (x_j . w) ),   w = q * g,  r_j = 1 / RMS(x_j)
     out     = residual + gamma * sum_j alpha_j x_j          (additive routing)
     out     = sum_j alpha_j x_j                             (replacement routing: no residual, no gate)
 
-Three implementations of these two lines, all checked against the spec's float64 reference in the tests:
+`SourceBuffer`, the default, copies each source once into one `[capacity, tokens, D]` buffer together with its
+`r_j`, so that a routing point is a few batched matrix products however many sources it reads. Its backward pass
+is written by hand:
 
-- `depth_mix`, the default while autograd records: one autograd function. `r_j` is computed once per source by
-  the caller and shared by every routing point that reads it. Plain autograd would save a stacked, normalised copy
-  of all sources at every routing point (memory quadratic in depth); this function saves only references to the
-  sources, which the forward pass keeps alive anyway, and per-token tensors of size `n`. Its backward pass is
-  derived by hand.
-- `stacked_depth_mix`, without autograd (inference, generation): sources stacked once in one buffer, so that a
-  routing point is a few batched products whatever the number of sources.
-- `fla_depth_mix`, on CUDA when flash-linear-attention is installed: its fused `fused_attnres` kernels.
+- A routing point saves a view of the buffer, never a stacked or normalised copy of its sources (plain autograd
+  would save one per point: memory quadratic in depth). The sources themselves are not kept anywhere else.
+- A source's gradient sums over the points that read it: `sum_p gamma_p alpha_pj G_p + (dL/ds_pj) w_p` plus the
+  part through `r_j`, with `G_p` the gradient of point p's output and `s_pj = x_j . w_p`. Accumulating it point by
+  point would read and write every source's gradient at every point. Instead each point's backward stores `G_p`
+  and its per-token coefficients, and a source's gradient is assembled in one batched product when autograd
+  reaches the source: after every point that reads it, because each point takes the latest source's `token`, and
+  each source's token is an input of the next source's.
+
+`SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
+`sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
 """
 
 import torch
 
-try:  # flash-linear-attention's fused CUDA kernels for the mixture, forward and backward: `pip install delta-qwen3[fla]`
+try:
     from fla.ops.attnres import fused_attnres
 except ImportError:
     fused_attnres = None
@@ -36,106 +42,214 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x.to(compute_dtype(x.dtype)).pow(2).mean(-1, keepdim=True) + eps)
 
 
-def _dot_last(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Dot products over the last dimension, `[..., D] x [..., D] -> [...]`, as one batched matrix product."""
-    return (x.unsqueeze(-2) @ y.unsqueeze(-1)).flatten(-3)
+def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
+    """Adds to a source's gradient the part that flows through its `r = 1 / RMS(x)`: `dr/dx = -r^3 x / D`."""
+    return grad.addcmul_(x, (inv_rms_grad * inv_rms.pow(3) / -x.shape[-1]).unsqueeze(-1))
 
 
-class _DepthMix(torch.autograd.Function):
-    # Every pass over a `[batch, seq, D]` tensor costs as much as the routing's arithmetic, so each step below is
-    # arranged to read each source as few times as possible: forward twice (scores, mixture), backward three times.
+def _weighted_sum(x: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """`residual + sum_j weights[:, j:j+1] * x[j]` for sources `x` `[n, tokens, D]` and weights `[tokens, n]`."""
+    if len(x) == 1:  # a batched product with a single term takes a slow path on CPU
+        return x[0] * weights if residual is None else torch.addcmul(residual, x[0], weights)
+    if residual is None:
+        return torch.bmm(weights.unsqueeze(1), x.transpose(0, 1)).squeeze(1)
+    return torch.baddbmm(residual.unsqueeze(1), weights.unsqueeze(1), x.transpose(0, 1)).squeeze(1)
+
+
+class _BackwardStore:
+    """What each routing point's backward pass leaves for its sources' gradients: per-token coefficients indexed
+    `[source, token, point]`, so that a source's are one matrix, and the points' output gradients and `w_p`.
+    Coefficients are zero where a point received no gradient; its output gradient is zeroed when first read (not
+    at allocation: on CPU, zeroing a buffer this size costs as much as routing)."""
+
+    def __init__(self, points: int, capacity: int, tokens: int, hidden: int, like: torch.Tensor, acc: torch.dtype):
+        self.grad_out = like.new_empty(points, tokens, hidden)  # G_p, in the model's dtype
+        self.received = [False] * points
+        self.weights = like.new_zeros(capacity, tokens, points, dtype=acc)  # gamma_p alpha_pj
+        self.score_grads = like.new_zeros(capacity, tokens, points, dtype=acc)  # dL/ds_pj
+        self.inv_rms_grads = like.new_zeros(capacity, tokens, points, dtype=acc)  # dL/dr_j through point p
+        self.w = like.new_zeros(points, hidden, dtype=acc)  # w_p = q_p * g_p
+
+
+class SourceBuffer:
+    """The sources of one forward pass, each copied once into a `[capacity, tokens, D]` buffer, and routing over
+    them (see the module docstring). `max_points` is the number of routing points the forward pass evaluates at
+    most.
+
+    The buffer is written through `.data`, which does not count as modifying it for autograd: routing points save
+    views of the slots written before them, and a slot is never written twice."""
+
+    def __init__(self, eps: float, capacity: int, max_points: int):
+        self.eps, self.capacity, self.max_points = eps, capacity, max_points
+        self.count = 0  # sources written
+        self.points = 0  # routing points evaluated
+        self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
+        self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
+        self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype
+        self.token: torch.Tensor | None = None
+        self.store: _BackwardStore | None = None
+
+    # Under torch.compile, appending and routing run eagerly between the compiled graphs: the autograd functions
+    # keep state in this object from call to call, which Dynamo cannot trace.
+    @torch.compiler.disable
+    def append(self, x: torch.Tensor) -> None:
+        self.token = _AppendSource.apply(self, x, self.token)
+
+    @torch.compiler.disable
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
+        read by this point only; also returns the routing weights `[..., n_sources]`."""
+        gate = point.gate if residual is not None else None
+        return _Route.apply(self, self.token, residual, gate, point.query, point.norm.weight, extra)
+
+    def _allocate(self, x: torch.Tensor) -> None:
+        self.shape, self.dtype = x.shape, x.dtype
+        tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
+        self.values = x.new_empty(self.capacity, tokens, hidden)
+        self.inv_rms = x.new_empty(self.capacity, tokens, dtype=compute_dtype(x.dtype))
+
+    def backward_store(self) -> _BackwardStore:
+        if self.store is None:
+            _, tokens, hidden = self.values.shape
+            self.store = _BackwardStore(self.max_points, self.capacity, tokens, hidden, self.values, self.inv_rms.dtype)
+        return self.store
+
+    def to(self, *args, **kwargs) -> "SourceBuffer":
+        """Moves the buffers to another device in place and returns `self`: points already evaluated hold this
+        object and read its counts in the backward pass."""
+        if self.values is not None:
+            self.values = self.values.to(*args, **kwargs)
+            self.inv_rms = self.inv_rms.to(device=self.values.device)
+        return self
+
+
+class _AppendSource(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sources: SourceBuffer, x: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
+        if sources.values is None:
+            sources._allocate(x)
+        slot = sources.count
+        sources.values.data[slot] = x.reshape(-1, x.shape[-1])
+        sources.inv_rms.data[slot] = inverse_rms(sources.values[slot], sources.eps).squeeze(-1)
+        sources.first_reader.append(sources.points)
+        sources.count += 1
+        ctx.sources, ctx.slot, ctx.shape = sources, slot, x.shape
+        ctx.save_for_backward(sources.values[slot])
+        return x.new_empty(0)
 
     @staticmethod
-    def forward(ctx, residual, gate, query, norm_weight, num_sources, *sources_and_inv_rms):
-        sources = sources_and_inv_rms[:num_sources]
-        inv_rms = torch.cat(sources_and_inv_rms[num_sources:], dim=-1)
+    def backward(ctx, _grad_token):
+        sources, j = ctx.sources, ctx.slot
+        readers = slice(sources.first_reader[j], sources.points)
+        if sources.store is None or readers.start == readers.stop:
+            return None, None, None
+        (x,) = ctx.saved_tensors
+        store, device = sources.store, x.device  # the store is on the last point's device
+        for p in range(readers.start, readers.stop):
+            if not store.received[p]:
+                store.grad_out[p].zero_()
+                store.received[p] = True
+        coefficients = store.weights[j, :, readers].unsqueeze(1).to(device)  # [tokens, 1, points]
+        grad_outs = store.grad_out[readers].transpose(0, 1).to(device, coefficients.dtype)  # [tokens, points, D]
+        grad = torch.bmm(coefficients, grad_outs).squeeze(1)
+        grad.addmm_(store.score_grads[j, :, readers].to(device), store.w[readers].to(device))
+        inv_rms_grad = store.inv_rms_grads[j, :, readers].sum(-1).to(device)
+        _add_inverse_rms_gradient(grad, x.to(grad.dtype), sources.inv_rms[j].to(device), inv_rms_grad)
+        return None, grad.view(ctx.shape).to(x.dtype), None
+
+
+class _Route(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sources: SourceBuffer, token, residual, gate, query, norm_weight, extra):
+        n, p = sources.count, sources.points
+        sources.points += 1
+        values, inv_rms = sources.values[:n], sources.inv_rms[:n]
+        _, tokens, hidden = values.shape
         acc = inv_rms.dtype
+        x = values.to(acc)
         w = query.to(acc) * norm_weight.to(acc)
-        scores = torch.stack([x.to(acc) @ w for x in sources], dim=-1)
-        alpha = torch.softmax(scores * inv_rms, dim=-1)
-        # With a residual: residual + sum_j (gamma alpha_j) x_j, accumulated straight onto the residual.
-        weights = alpha if gate is None or residual is None else alpha * gate.to(acc)
-        if residual is None:
-            out = sources[0].to(acc) * weights[..., :1]
-        else:
-            out = torch.addcmul(residual.to(acc), sources[0], weights[..., :1])
-        for j in range(1, num_sources):
-            out.addcmul_(sources[j], weights[..., j : j + 1])
-        ctx.num_sources = num_sources
-        ctx.has_residual = residual is not None
-        ctx.save_for_backward(gate, query, norm_weight, alpha, scores, inv_rms, *sources)
+        scores = (x.view(n * tokens, hidden) @ w).view(n, tokens)
+        if extra is not None:
+            e = extra.reshape(tokens, hidden).to(acc)
+            scores = torch.cat([scores, (e @ w)[None]])
+            inv_rms = torch.cat([inv_rms, inverse_rms(e, sources.eps).T])
+        alpha = torch.softmax((scores * inv_rms).T, dim=-1)  # [tokens, sources]
+        weights = alpha if gate is None else alpha * gate.to(acc)
+        out = _weighted_sum(x, weights[:, :n], None if residual is None else residual.reshape(tokens, hidden).to(acc))
+        if extra is not None:
+            out.addcmul_(e, weights[:, n:])
+        ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, n, p, residual is not None
+        ctx.save_for_backward(values, inv_rms, scores, alpha, gate, query, norm_weight, extra)
         ctx.mark_non_differentiable(alpha)
-        return out.to((residual if residual is not None else sources[0]).dtype), alpha
+        return out.view(sources.shape).to(sources.dtype), alpha.view(*sources.shape[:-1], alpha.shape[-1])
 
     @staticmethod
     def backward(ctx, grad_out, _grad_alpha):
-        gate, query, norm_weight, alpha, scores, inv_rms, *sources = ctx.saved_tensors
-        acc = inv_rms.dtype
-        weights = alpha if gate is None or not ctx.has_residual else alpha * gate.to(acc)
-        grad_out_f = grad_out.to(acc)
-        # x_j . dL/d(out): the gradient of alpha_j up to the gate, and of the gate up to alpha_j.
-        dots = torch.stack([_dot_last(x.to(acc), grad_out_f) for x in sources], dim=-1)
+        sources, n, p = ctx.sources, ctx.n, ctx.p
+        values, inv_rms, scores, alpha, gate, query, norm_weight, extra = ctx.saved_tensors
+        _, tokens, hidden = values.shape
+        acc = alpha.dtype
+        x = values.to(acc)
+        grad = grad_out.reshape(tokens, hidden)
+        grad_acc = grad.to(acc)
+        dots = torch.bmm(grad_acc[:, None, :], x.permute(1, 2, 0)).squeeze(1)  # x_j . G: [tokens, n]
+        if extra is not None:
+            e = extra.reshape(tokens, hidden).to(acc)
+            dots = torch.cat([dots, (e * grad_acc).sum(-1, keepdim=True)], dim=-1)
         grad_gate = None
-        if gate is not None and ctx.needs_input_grad[1]:
+        if gate is not None and ctx.needs_input_grad[3]:
             grad_gate = (alpha * dots).sum().to(gate.dtype).reshape(gate.shape)
-        grad_alpha = dots if weights is alpha else dots * gate.to(acc)
+        weights = alpha if gate is None else alpha * gate.to(acc)
+        grad_alpha = dots if gate is None else dots * gate.to(acc)
         grad_logits = alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
-        grad_scores = grad_logits * inv_rms
-        grad_inv_rms = grad_logits * scores
-
+        grad_scores = grad_logits * inv_rms.T
+        grad_inv_rms = grad_logits * scores.T
+        grad_w = x.view(n * tokens, hidden).T @ grad_scores[:, :n].T.reshape(n * tokens)
         w = query.to(acc) * norm_weight.to(acc)
-        grad_w = torch.zeros_like(w)
-        grad_sources = []
-        for j, x in enumerate(sources):
-            s_j = grad_scores[..., j : j + 1]
-            grad_sources.append(torch.addcmul(s_j * w, grad_out_f, weights[..., j : j + 1]).to(x.dtype))
-            grad_w.addmv_(x.to(acc).flatten(0, -2).T, s_j.flatten())
-        grad_residual = grad_out if ctx.has_residual else None
+
+        store = sources.backward_store()
+        store.grad_out[p] = grad
+        store.received[p] = True
+        store.weights[:n, :, p] = weights[:, :n].T
+        store.score_grads[:n, :, p] = grad_scores[:, :n].T
+        store.inv_rms_grads[:n, :, p] = grad_inv_rms[:, :n].T
+        store.w[p] = w
+
+        grad_extra = None
+        if extra is not None:
+            grad_w.addmv_(e.T, grad_scores[:, n])
+            grad_extra = torch.addcmul(grad_scores[:, n:] * w, grad_acc, weights[:, n:])
+            _add_inverse_rms_gradient(grad_extra, e, inv_rms[n], grad_inv_rms[:, n])
+            grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
         return (
-            grad_residual,
+            None,
+            None,
+            grad_out if ctx.has_residual else None,
             grad_gate,
             (grad_w * norm_weight.to(acc)).to(query.dtype),
             (grad_w * query.to(acc)).to(norm_weight.dtype),
-            None,
-            *grad_sources,
-            *grad_inv_rms.split(1, dim=-1),
+            grad_extra,
         )
 
 
-def stacked_depth_mix(
-    stack: torch.Tensor,
-    inv_rms: torch.Tensor,
-    query: torch.Tensor,
-    norm_weight: torch.Tensor,
-    residual: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same routing without autograd, over sources stacked as `[n, tokens, D]` in the compute dtype, with
-    inverse RMS `[n, tokens]` (views into buffers that hold each source once): two matrix products, however many
-    sources there are. Returns the routed tensor `[tokens, D]` and the routing weights `[tokens, n]`."""
-    n, tokens, hidden = stack.shape
-    acc = stack.dtype
-    w = query.to(acc) * norm_weight.to(acc)
-    scores = (stack.reshape(n * tokens, hidden) @ w).view(n, tokens)
-    alpha = torch.softmax((scores * inv_rms).T, dim=-1)
-    mix = torch.bmm(alpha.unsqueeze(1), stack.transpose(0, 1)).squeeze(1)
-    if residual is None:
-        return mix, alpha
-    if gate is not None:
-        mix = mix * gate.to(acc)
-    return (residual.to(acc) + mix).to(residual.dtype), alpha
+class SourceList:
+    """The sources as separate tensors, routed by flash-linear-attention's fused kernel (`fla_depth_mix`)."""
 
+    def __init__(self, eps: float, capacity: int, max_points: int):
+        self.eps = eps
+        self.tensors: list[torch.Tensor] = []
 
-def depth_mix(
-    sources: list[torch.Tensor],
-    inv_rms: list[torch.Tensor],
-    query: torch.Tensor,
-    norm_weight: torch.Tensor,
-    residual: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Route over `sources`; returns the routed tensor and the routing weights `[..., n_sources]`."""
-    return _DepthMix.apply(residual, gate, query, norm_weight, len(sources), *sources, *inv_rms)
+    def append(self, x: torch.Tensor) -> None:
+        self.tensors.append(x)
+
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        tensors = self.tensors if extra is None else [*self.tensors, extra]
+        gate = point.gate if residual is not None else None
+        return fla_depth_mix(tensors, point.query, point.norm.weight, self.eps, residual=residual, gate=gate)
+
+    def to(self, *args, **kwargs) -> "SourceList":
+        self.tensors = [t.to(*args, **kwargs) for t in self.tensors]
+        return self
 
 
 def use_fla(x: torch.Tensor) -> bool:
@@ -151,9 +265,9 @@ def fla_depth_mix(
     residual: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`depth_mix` through `fla.ops.attnres.fused_attnres`, which computes exactly `mix` (RMS-normalised sources
-    scored against the query, softmax over sources, weighted sum) in fused kernels; the residual and gate are
-    applied around it."""
+    """Routing through `fla.ops.attnres.fused_attnres`, which computes exactly `mix` (RMS-normalised sources scored
+    against the query, softmax over sources, weighted sum) in fused kernels; the residual and gate are applied
+    around it."""
     mix, weights = fused_attnres(query, sources, norm_weight, rms_eps=eps, return_weights=True)
     weights = weights.movedim(0, -1)
     if residual is None:

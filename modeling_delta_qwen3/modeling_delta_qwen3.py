@@ -30,7 +30,7 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 
 # Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
 # file imports itself: so it imports every module of the package, including the one only `routing.py` uses.
-from .depth_mix import depth_mix  # noqa: F401
+from .depth_mix import SourceBuffer  # noqa: F401
 from .routing import DEPTH_STATES, DepthState, RoutingPoint
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped

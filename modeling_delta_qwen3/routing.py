@@ -19,7 +19,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
-from .depth_mix import compute_dtype, depth_mix, fla_depth_mix, inverse_rms, stacked_depth_mix, use_fla
+from .depth_mix import SourceBuffer, SourceList, use_fla
 
 
 class RoutingPoint(nn.Module):
@@ -33,82 +33,8 @@ class RoutingPoint(nn.Module):
         self.gate = nn.Parameter(torch.zeros(())) if gated else None
 
 
-class SourceList:
-    """The sources as separate tensors, each with its inverse RMS computed once. Used when autograd records: the
-    fused function then saves references to tensors that exist anyway, never a stacked copy."""
-
-    def __init__(self, eps: float, capacity: int):  # `capacity` is for `SourceStack`; a list grows as needed
-        self.eps = eps
-        self.tensors: list[torch.Tensor] = []
-        self.inv_rms: list[torch.Tensor] = []
-
-    def append(self, x: torch.Tensor) -> None:
-        self.tensors.append(x)
-        self.inv_rms.append(inverse_rms(x, self.eps))
-
-    def route(self, point: RoutingPoint, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
-        read once; also returns the routing weights."""
-        tensors, inv_rms = self.tensors, self.inv_rms
-        if extra is not None:
-            tensors, inv_rms = [*tensors, extra], [*inv_rms, inverse_rms(extra, self.eps)]
-        gate = point.gate if residual is not None else None
-        if use_fla(tensors[0]):
-            return fla_depth_mix(tensors, point.query, point.norm.weight, self.eps, residual=residual, gate=gate)
-        return depth_mix(tensors, inv_rms, point.query, point.norm.weight, residual=residual, gate=gate)
-
-    def to(self, *args, **kwargs) -> "SourceList":
-        moved = copy.copy(self)
-        moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
-        moved.inv_rms = [t.to(*args, **kwargs) for t in self.inv_rms]
-        return moved
-
-
-class SourceStack:
-    """The sources copied once each into one `[capacity, tokens, D]` buffer. Used without autograd (inference,
-    generation): a routing point is then two matrix products instead of a few operations per source."""
-
-    def __init__(self, eps: float, capacity: int):
-        self.eps = eps
-        self.capacity = capacity
-        self.count = 0
-        self.buffer: torch.Tensor | None = None
-        self.inv_rms: torch.Tensor | None = None
-
-    def _write(self, slot: int, x: torch.Tensor) -> None:
-        if self.buffer is None:
-            self.shape, self.dtype = x.shape, x.dtype
-            tokens, acc = x.shape[:-1].numel(), compute_dtype(x.dtype)
-            self.buffer = x.new_empty(self.capacity, tokens, x.shape[-1], dtype=acc)
-            self.inv_rms = x.new_empty(self.capacity, tokens, dtype=acc)
-        self.buffer[slot] = x.reshape(-1, x.shape[-1])
-        self.inv_rms[slot] = inverse_rms(self.buffer[slot], self.eps).squeeze(-1)
-
-    def append(self, x: torch.Tensor) -> None:
-        self._write(self.count, x)
-        self.count += 1
-
-    def route(self, point: RoutingPoint, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        count = self.count
-        if extra is not None:  # the slot after the last source, overwritten by the next source or extra
-            self._write(count, extra)
-            count += 1
-        gate = point.gate if residual is not None else None
-        flat_residual = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
-        routed, weights = stacked_depth_mix(
-            self.buffer[:count], self.inv_rms[:count], point.query, point.norm.weight, flat_residual, gate
-        )
-        return routed.view(self.shape).to(self.dtype), weights.reshape(*self.shape[:-1], count)
-
-    def to(self, *args, **kwargs) -> "SourceStack":
-        moved = copy.copy(self)
-        if self.buffer is not None:
-            moved.buffer, moved.inv_rms = self.buffer.to(*args, **kwargs), self.inv_rms.to(*args, **kwargs)
-        return moved
-
-
 class DepthState:
-    """What one forward pass carries over depth: the sources routed over (see `SourceList`, `SourceStack`), the
+    """What one forward pass carries over depth: the sources routed over (see `depth_mix`), the
     routing weights so far, and each mode's own tensors.
 
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
@@ -116,15 +42,15 @@ class DepthState:
 
     def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config):
         self.layers_per_block = config.layers_per_block
-        sources = SourceList if torch.is_grad_enabled() else SourceStack
-        self.sources = sources(config.rms_norm_eps, self.capacity(config))
+        sources = SourceList if use_fla(h0) else SourceBuffer
+        self.sources = sources(config.rms_norm_eps, self.capacity(config), max_points=2 * config.num_hidden_layers)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
         self.sources.append(h0)
 
     @staticmethod
     def capacity(config: DeltaQwen3Config) -> int:
-        """The most sources a routing point of this mode reads."""
+        """The most sources this mode holds at once."""
         return 2 * config.num_hidden_layers + 1
 
     def starts_block(self, layer_idx: int) -> bool:
@@ -154,7 +80,7 @@ class DepthState:
         """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
         moved = copy.copy(self)
         for name, value in vars(self).items():
-            if isinstance(value, (torch.Tensor, SourceList, SourceStack)):
+            if isinstance(value, (torch.Tensor, SourceBuffer, SourceList)):
                 setattr(moved, name, value.to(*args, **kwargs))
         return moved
 

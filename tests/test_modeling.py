@@ -1,6 +1,7 @@
 """The model against SPEC sections 2-5: the maths of every mode, exact conversion, caching, checkpointing."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from spec_reference import randomize_routing, reference_forward
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
-from modeling_delta_qwen3.depth_mix import depth_mix, inverse_rms
+from modeling_delta_qwen3.depth_mix import SourceBuffer
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
 # (mode, gated): every mode, and the gate where it exists.
@@ -143,23 +144,29 @@ def test_ungated_zero_init_adds_the_mean_of_the_sources():
 
 
 @pytest.mark.parametrize("gated", [False, True])
-def test_depth_mix_gradients_match_autograd(gated):
+def test_routing_gradients_match_finite_differences(gated):
+    """The hand-written backward of `SourceBuffer` against numerical gradients, with additive and replacement
+    routing, a read-once `extra` source, and sources computed from earlier routed outputs as in the model."""
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
-    sources = [rand(2, 3, 8) for _ in range(4)]
-    query, norm_weight, residual = rand(8), rand(8), rand(2, 3, 8)
-    gate = rand(()) if gated else None
+    def point(query, norm_weight, gate=None):
+        return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight), gate=gate)
 
-    def fused(residual, query, norm_weight, gate, *sources):
-        inv = [inverse_rms(x, 1e-6) for x in sources]
-        return depth_mix(list(sources), inv, query, norm_weight, residual=residual, gate=gate)[0]
+    def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, gate):
+        sources = SourceBuffer(1e-6, capacity=4, max_points=3)
+        sources.append(x0)
+        sources.append(x1)
+        first = sources.route(point(q0, g0, gate), residual=residual)[0]
+        sources.append(torch.tanh(first) + x2)
+        second = sources.route(point(q1, g1), extra=extra)[0]
+        sources.append(second * x1)
+        return sources.route(point(q2, g2, gate), residual=second)[0]
 
-    inputs = (residual, query, norm_weight, gate, *sources)
-    assert torch.autograd.gradcheck(fused, inputs)
-    assert torch.autograd.gradcheck(lambda q, g, *xs: fused(None, q, g, None, *xs), (query, norm_weight, *sources))
+    inputs = [rand(2, 3, 8) for _ in range(5)] + [rand(8) for _ in range(6)] + [rand(()) if gated else None]
+    assert torch.autograd.gradcheck(routed, inputs)
 
 
 def _loss_and_grads(model, ids):
