@@ -74,7 +74,42 @@ class _BackwardStore:
 class SourceBuffer:
     """The sources of one forward pass, each copied once into a `[capacity, tokens, D]` buffer, and routing over
     them (see the module docstring). `max_points` is the number of routing points the forward pass evaluates at
-    most.
+    most."""
+
+    def __init__(self, eps: float, capacity: int, max_points: int):
+        self.storage = _SourceStorage(eps, capacity, max_points)
+        # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
+        # and a reference back from the storage would make a cycle that keeps the whole graph alive.
+        self.token: torch.Tensor | None = None
+
+    # Under torch.compile, appending and routing run eagerly between the compiled graphs: the autograd functions
+    # keep state from call to call, which Dynamo cannot trace. Without autograd (generation) they skip the
+    # autograd functions, whose overhead is a noticeable share of decoding one token.
+    @torch.compiler.disable
+    def append(self, x: torch.Tensor) -> None:
+        if torch.is_grad_enabled():
+            self.token = _AppendSource.apply(self.storage, x, self.token)
+        else:
+            self.storage.write(x)
+
+    @torch.compiler.disable
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
+        read by this point only; also returns the routing weights `[..., n_sources]`."""
+        gate = point.gate if residual is not None else None
+        if torch.is_grad_enabled():
+            return _Route.apply(self.storage, self.token, residual, gate, point.query, point.norm.weight, extra)
+        return self.storage.mix(residual, gate, point.query, point.norm.weight, extra)[:2]
+
+    def to(self, *args, **kwargs) -> "SourceBuffer":
+        """Moves the buffers to another device in place and returns `self`: points already evaluated hold the
+        storage and read its counts in the backward pass."""
+        self.storage.to(*args, **kwargs)
+        return self
+
+
+class _SourceStorage:
+    """The buffers behind a `SourceBuffer`, shared with the backward passes of its routing points.
 
     The buffer is written through `.data`, which does not count as modifying it for autograd: routing points save
     views of the slots written before them, and a slot is never written twice."""
@@ -86,21 +121,40 @@ class SourceBuffer:
         self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
         self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
         self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype
-        self.token: torch.Tensor | None = None
         self.store: _BackwardStore | None = None
 
-    # Under torch.compile, appending and routing run eagerly between the compiled graphs: the autograd functions
-    # keep state in this object from call to call, which Dynamo cannot trace.
-    @torch.compiler.disable
-    def append(self, x: torch.Tensor) -> None:
-        self.token = _AppendSource.apply(self, x, self.token)
+    def write(self, x: torch.Tensor) -> None:
+        if self.values is None:
+            self._allocate(x)
+        slot = self.count
+        self.values.data[slot] = x.reshape(-1, x.shape[-1])
+        self.inv_rms.data[slot] = inverse_rms(self.values[slot], self.eps).squeeze(-1)
+        self.first_reader.append(self.points)
+        self.count += 1
 
-    @torch.compiler.disable
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
-        read by this point only; also returns the routing weights `[..., n_sources]`."""
-        gate = point.gate if residual is not None else None
-        return _Route.apply(self, self.token, residual, gate, point.query, point.norm.weight, extra)
+    def mix(self, residual, gate, query, norm_weight, extra):
+        """A routing point's forward pass over every source written so far; returns the routed tensor, the
+        routing weights, and the scores `x_j . w` and inverse RMS `[sources, tokens]` that its backward pass
+        needs."""
+        n = self.count
+        self.points += 1
+        values, inv_rms = self.values[:n], self.inv_rms[:n]
+        _, tokens, hidden = values.shape
+        acc = inv_rms.dtype
+        x = values.to(acc)
+        w = query.to(acc) * norm_weight.to(acc)
+        scores = (x.view(n * tokens, hidden) @ w).view(n, tokens)
+        if extra is not None:
+            e = extra.reshape(tokens, hidden).to(acc)
+            scores = torch.cat([scores, (e @ w)[None]])
+            inv_rms = torch.cat([inv_rms, inverse_rms(e, self.eps).T])
+        alpha = torch.softmax((scores * inv_rms).T, dim=-1)  # [tokens, sources]
+        weights = alpha if gate is None else alpha * gate.to(acc)
+        out = _weighted_sum(x, weights[:, :n], None if residual is None else residual.reshape(tokens, hidden).to(acc))
+        if extra is not None:
+            out.addcmul_(e, weights[:, n:])
+        routed = out.view(self.shape).to(self.dtype)
+        return routed, alpha.view(*self.shape[:-1], alpha.shape[-1]), scores, inv_rms
 
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype = x.shape, x.dtype
@@ -114,27 +168,18 @@ class SourceBuffer:
             self.store = _BackwardStore(self.max_points, self.capacity, tokens, hidden, self.values, self.inv_rms.dtype)
         return self.store
 
-    def to(self, *args, **kwargs) -> "SourceBuffer":
-        """Moves the buffers to another device in place and returns `self`: points already evaluated hold this
-        object and read its counts in the backward pass."""
+    def to(self, *args, **kwargs) -> None:
         if self.values is not None:
             self.values = self.values.to(*args, **kwargs)
             self.inv_rms = self.inv_rms.to(device=self.values.device)
-        return self
 
 
 class _AppendSource(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: SourceBuffer, x: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
-        if sources.values is None:
-            sources._allocate(x)
-        slot = sources.count
-        sources.values.data[slot] = x.reshape(-1, x.shape[-1])
-        sources.inv_rms.data[slot] = inverse_rms(sources.values[slot], sources.eps).squeeze(-1)
-        sources.first_reader.append(sources.points)
-        sources.count += 1
-        ctx.sources, ctx.slot, ctx.shape = sources, slot, x.shape
-        ctx.save_for_backward(sources.values[slot])
+    def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
+        sources.write(x)
+        ctx.sources, ctx.slot, ctx.shape = sources, sources.count - 1, x.shape
+        ctx.save_for_backward(sources.values[ctx.slot])
         return x.new_empty(0)
 
     @staticmethod
@@ -160,34 +205,19 @@ class _AppendSource(torch.autograd.Function):
 
 class _Route(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: SourceBuffer, token, residual, gate, query, norm_weight, extra):
-        n, p = sources.count, sources.points
-        sources.points += 1
-        values, inv_rms = sources.values[:n], sources.inv_rms[:n]
-        _, tokens, hidden = values.shape
-        acc = inv_rms.dtype
-        x = values.to(acc)
-        w = query.to(acc) * norm_weight.to(acc)
-        scores = (x.view(n * tokens, hidden) @ w).view(n, tokens)
-        if extra is not None:
-            e = extra.reshape(tokens, hidden).to(acc)
-            scores = torch.cat([scores, (e @ w)[None]])
-            inv_rms = torch.cat([inv_rms, inverse_rms(e, sources.eps).T])
-        alpha = torch.softmax((scores * inv_rms).T, dim=-1)  # [tokens, sources]
-        weights = alpha if gate is None else alpha * gate.to(acc)
-        out = _weighted_sum(x, weights[:, :n], None if residual is None else residual.reshape(tokens, hidden).to(acc))
-        if extra is not None:
-            out.addcmul_(e, weights[:, n:])
-        ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, n, p, residual is not None
-        ctx.save_for_backward(values, inv_rms, scores, alpha, gate, query, norm_weight, extra)
+    def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra):
+        ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, sources.points, residual is not None
+        routed, alpha, scores, inv_rms = sources.mix(residual, gate, query, norm_weight, extra)
+        ctx.save_for_backward(sources.values[: ctx.n], inv_rms, scores, alpha, gate, query, norm_weight, extra)
         ctx.mark_non_differentiable(alpha)
-        return out.view(sources.shape).to(sources.dtype), alpha.view(*sources.shape[:-1], alpha.shape[-1])
+        return routed, alpha
 
     @staticmethod
     def backward(ctx, grad_out, _grad_alpha):
         sources, n, p = ctx.sources, ctx.n, ctx.p
         values, inv_rms, scores, alpha, gate, query, norm_weight, extra = ctx.saved_tensors
         _, tokens, hidden = values.shape
+        alpha = alpha.view(tokens, -1)
         acc = alpha.dtype
         x = values.to(acc)
         grad = grad_out.reshape(tokens, hidden)

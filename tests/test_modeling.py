@@ -1,15 +1,19 @@
 """The model against SPEC sections 2-5: the maths of every mode, exact conversion, caching, checkpointing."""
 
 import copy
+import gc
+import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 from conftest import tiny_qwen3_config
 from spec_reference import randomize_routing, reference_forward
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
+from modeling_delta_qwen3 import depth_mix
 from modeling_delta_qwen3.depth_mix import SourceBuffer
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
@@ -272,6 +276,46 @@ def test_torch_compile_matches_eager():
     torch.testing.assert_close(compiled_loss.detach(), loss, atol=1e-6, rtol=0)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, grads[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_routing_buffers_are_freed_by_reference_counting(monkeypatch, mode):
+    """After a training forward, with or without backward, nothing keeps the sources' buffers (or the autograd
+    graph that holds them) alive: no reference cycle, which the garbage collector could not break either."""
+    storages = []
+
+    class TrackedStorage(depth_mix._SourceStorage):
+        def __init__(self, *args):
+            super().__init__(*args)
+            storages.append(weakref.ref(self))
+
+    monkeypatch.setattr(depth_mix, "_SourceStorage", TrackedStorage)
+    model = random_model(mode).train()
+    ids = token_ids()
+    gc.disable()
+    try:
+        loss = model(ids, labels=ids).loss
+        del loss
+        model(ids, labels=ids).loss.backward()
+        assert len(storages) == 2 and all(storage() is None for storage in storages)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_accelerate_device_hooks_keep_loss_and_gradients(mode):
+    """Dispatch with a `device_map` hooks every decoder layer to move its inputs, the depth state among them, to the
+    layer's device; the moved state must keep routing over the same sources and give the same gradients."""
+    model = random_model(mode, gated=mode.startswith("delta")).train()
+    ids = token_ids()
+    loss, grads = _loss_and_grads(model, ids)
+    for layer in model.model.layers:
+        add_hook_to_module(layer, AlignDevicesHook(execution_device="cpu", io_same_device=True))
+    hooked_loss, hooked_grads = _loss_and_grads(model, ids)
+    torch.testing.assert_close(hooked_loss, loss, atol=0, rtol=0)
+    assert hooked_grads.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(hooked_grads[name], grads[name], atol=0, rtol=0, msg=name)
 
 
 def test_auto_classes_are_registered():
