@@ -96,7 +96,9 @@ def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in parameter_storages:
             storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        # Detached: a node that saves its own output would otherwise hold itself through the returned tensor, a
+        # cycle that keeps the whole graph alive after the forward pass (gigabytes over the benchmark's runs).
+        return tensor.detach()
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
