@@ -33,6 +33,11 @@ class RoutingPoint(nn.Module):
         self.gate = nn.Parameter(torch.zeros(())) if gated else None
 
 
+def _blocks_formed(config: DeltaQwen3Config) -> int:
+    """How many blocks the layers form: fewer than `routing_num_blocks` when `layers_per_block` is rounded up."""
+    return -(-config.num_hidden_layers // config.layers_per_block)
+
+
 class DepthState:
     """What one forward pass carries over depth: the sources routed over (see `depth_mix`), the
     routing weights so far, and each mode's own tensors.
@@ -119,7 +124,7 @@ class DeltaBlockState(_AdditiveState):
 
     @staticmethod
     def capacity(config):
-        return -(-config.num_hidden_layers // config.layers_per_block)
+        return _blocks_formed(config)
 
     def enter_layer(self, layer_idx):
         if self.starts_block(layer_idx):
@@ -155,7 +160,7 @@ class AttnResBlockState(DepthState):
 
     @staticmethod
     def capacity(config):
-        return 1 + -(-config.num_hidden_layers // config.layers_per_block)
+        return 1 + _blocks_formed(config)
 
     def _close_block(self):
         if self.partial is not None:
