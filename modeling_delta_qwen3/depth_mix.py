@@ -19,6 +19,10 @@ is written by hand:
   and its per-token coefficients, and a source's gradient is assembled in one batched product when autograd
   reaches the source: after every point that reads it, because each point takes the latest source's `token`, and
   each source's token is an input of the next source's.
+- When every point's `w_p` is known before the forward pass (`upfront_queries`: the parameters are ordinary
+  tensors on one device, not sharded or offloaded), each source's scores against all later points are one matrix
+  product at the moment it is written, and its part of the points' `dL/dw_p` one more when its gradient is
+  assembled: both read the source while it is in cache, instead of once more at every point that reads it.
 
 `SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
 `sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
@@ -42,6 +46,17 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x.to(compute_dtype(x.dtype)).pow(2).mean(-1, keepdim=True) + eps)
 
 
+def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
+    """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`; None when a point's
+    parameters are not ordinary tensors on `like`'s device (sharded by FSDP, offloaded, on another device): their
+    values are then known only when the point runs."""
+    tensors = [t for point in points for t in (point.query, point.norm.weight)]
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device for t in tensors):
+        return None
+    acc = compute_dtype(like.dtype)
+    return torch.stack([point.query.to(acc) * point.norm.weight.to(acc) for point in points])
+
+
 def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
     """Adds to a source's gradient the part that flows through its `r = 1 / RMS(x)`: `dr/dx = -r^3 x / D`."""
     return grad.addcmul_(x, (inv_rms_grad * inv_rms.pow(3) / -x.shape[-1]).unsqueeze(-1))
@@ -57,27 +72,35 @@ def _weighted_sum(x: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor
 
 
 class _BackwardStore:
-    """What each routing point's backward pass leaves for its sources' gradients: per-token coefficients indexed
-    `[source, token, point]`, so that a source's are one matrix, and the points' output gradients and `w_p`.
-    Coefficients are zero where a point received no gradient; its output gradient is zeroed when first read (not
-    at allocation: on CPU, zeroing a buffer this size costs as much as routing)."""
+    """What each routing point's backward pass leaves for its sources' gradients: its output gradient `G_p`, its
+    `w_p`, and per-token coefficients indexed `[point, source, token]`, so that each point writes its own in one
+    contiguous block. A point that received no gradient wrote nothing: its rows are zeroed when first read (not at
+    allocation: on CPU, zeroing buffers this size costs as much as routing)."""
 
     def __init__(self, points: int, capacity: int, tokens: int, hidden: int, like: torch.Tensor, acc: torch.dtype):
-        self.grad_out = like.new_empty(points, tokens, hidden)  # G_p, in the model's dtype
         self.received = [False] * points
-        self.weights = like.new_zeros(capacity, tokens, points, dtype=acc)  # gamma_p alpha_pj
-        self.score_grads = like.new_zeros(capacity, tokens, points, dtype=acc)  # dL/ds_pj
-        self.inv_rms_grads = like.new_zeros(capacity, tokens, points, dtype=acc)  # dL/dr_j through point p
-        self.w = like.new_zeros(points, hidden, dtype=acc)  # w_p = q_p * g_p
+        self.grad_out = like.new_empty(points, tokens, hidden)  # G_p, in the model's dtype
+        self.weights = like.new_empty(points, capacity, tokens, dtype=acc)  # gamma_p alpha_pj
+        self.score_grads = like.new_empty(points, capacity, tokens, dtype=acc)  # dL/ds_pj
+        self.inv_rms_grads = like.new_empty(points, capacity, tokens, dtype=acc)  # dL/dr_j through point p
+        self.w = like.new_empty(points, hidden, dtype=acc)  # w_p = q_p * g_p
+
+    def zero_missing(self, points: slice) -> None:
+        """Zeroes what the points in `points` that received no gradient would have written."""
+        for p in range(points.start, points.stop):
+            if not self.received[p]:
+                for buffer in (self.grad_out, self.weights, self.score_grads, self.inv_rms_grads, self.w):
+                    buffer[p].zero_()
+                self.received[p] = True
 
 
 class SourceBuffer:
     """The sources of one forward pass, each copied once into a `[capacity, tokens, D]` buffer, and routing over
     them (see the module docstring). `max_points` is the number of routing points the forward pass evaluates at
-    most."""
+    most; `queries`, when known, their `w_p` in the order they run (`upfront_queries`)."""
 
-    def __init__(self, eps: float, capacity: int, max_points: int):
-        self.storage = _SourceStorage(eps, capacity, max_points)
+    def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None = None):
+        self.storage = _SourceStorage(eps, capacity, max_points, queries)
         # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
         self.token: torch.Tensor | None = None
@@ -88,7 +111,7 @@ class SourceBuffer:
     @torch.compiler.disable
     def append(self, x: torch.Tensor) -> None:
         if torch.is_grad_enabled():
-            self.token = _AppendSource.apply(self.storage, x, self.token)
+            self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries)
         else:
             self.storage.write(x)
 
@@ -111,16 +134,18 @@ class SourceBuffer:
 class _SourceStorage:
     """The buffers behind a `SourceBuffer`, shared with the backward passes of its routing points.
 
-    The buffer is written through `.data`, which does not count as modifying it for autograd: routing points save
-    views of the slots written before them, and a slot is never written twice."""
+    The buffers are written through `.data`, which does not count as modifying them for autograd: routing points
+    save views of the slots written before them, and a slot is never written twice."""
 
-    def __init__(self, eps: float, capacity: int, max_points: int):
+    def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None):
         self.eps, self.capacity, self.max_points = eps, capacity, max_points
+        self.queries = queries  # [points, D] or None, see `upfront_queries`
         self.count = 0  # sources written
         self.points = 0  # routing points evaluated
         self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
         self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
         self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype
+        self.scores: torch.Tensor | None = None  # [points, capacity, tokens]: x_j . w_p, with upfront queries
         self.store: _BackwardStore | None = None
 
     def write(self, x: torch.Tensor) -> None:
@@ -129,6 +154,9 @@ class _SourceStorage:
         slot = self.count
         self.values.data[slot] = x.reshape(-1, x.shape[-1])
         self.inv_rms.data[slot] = inverse_rms(self.values[slot], self.eps).squeeze(-1)
+        if self.queries is not None:  # against the points still to run
+            later = slice(self.points, len(self.queries))
+            self.scores.data[later, slot] = self.queries[later].detach() @ self.values[slot].T.to(self.queries.dtype)
         self.first_reader.append(self.points)
         self.count += 1
 
@@ -136,14 +164,14 @@ class _SourceStorage:
         """A routing point's forward pass over every source written so far; returns the routed tensor, the
         routing weights, and the scores `x_j . w` and inverse RMS `[sources, tokens]` that its backward pass
         needs."""
-        n = self.count
+        n, p = self.count, self.points
         self.points += 1
         values, inv_rms = self.values[:n], self.inv_rms[:n]
         _, tokens, hidden = values.shape
         acc = inv_rms.dtype
         x = values.to(acc)
         w = query.to(acc) * norm_weight.to(acc)
-        scores = (x.view(n * tokens, hidden) @ w).view(n, tokens)
+        scores = (x.view(n * tokens, hidden) @ w).view(n, tokens) if self.queries is None else self.scores[p, :n]
         if extra is not None:
             e = extra.reshape(tokens, hidden).to(acc)
             scores = torch.cat([scores, (e @ w)[None]])
@@ -161,6 +189,8 @@ class _SourceStorage:
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
         self.values = x.new_empty(self.capacity, tokens, hidden)
         self.inv_rms = x.new_empty(self.capacity, tokens, dtype=compute_dtype(x.dtype))
+        if self.queries is not None:
+            self.scores = x.new_empty(len(self.queries), self.capacity, tokens, dtype=self.queries.dtype)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
@@ -172,13 +202,16 @@ class _SourceStorage:
         if self.values is not None:
             self.values = self.values.to(*args, **kwargs)
             self.inv_rms = self.inv_rms.to(device=self.values.device)
+            if self.scores is not None:
+                self.queries = self.queries.to(device=self.values.device)
+                self.scores = self.scores.to(device=self.values.device)
 
 
 class _AppendSource(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None, queries) -> torch.Tensor:
         sources.write(x)
-        ctx.sources, ctx.slot, ctx.shape = sources, sources.count - 1, x.shape
+        ctx.sources, ctx.slot, ctx.shape, ctx.dtype = sources, sources.count - 1, x.shape, x.dtype
         ctx.save_for_backward(sources.values[ctx.slot])
         return x.new_empty(0)
 
@@ -187,20 +220,22 @@ class _AppendSource(torch.autograd.Function):
         sources, j = ctx.sources, ctx.slot
         readers = slice(sources.first_reader[j], sources.points)
         if sources.store is None or readers.start == readers.stop:
-            return None, None, None
+            return None, None, None, None
         (x,) = ctx.saved_tensors
         store, device = sources.store, x.device  # the store is on the last point's device
-        for p in range(readers.start, readers.stop):
-            if not store.received[p]:
-                store.grad_out[p].zero_()
-                store.received[p] = True
-        coefficients = store.weights[j, :, readers].unsqueeze(1).to(device)  # [tokens, 1, points]
+        store.zero_missing(readers)
+        coefficients = store.weights[readers, j].T.contiguous().unsqueeze(1).to(device)  # [tokens, 1, points]
         grad_outs = store.grad_out[readers].transpose(0, 1).to(device, coefficients.dtype)  # [tokens, points, D]
         grad = torch.bmm(coefficients, grad_outs).squeeze(1)
-        grad.addmm_(store.score_grads[j, :, readers].to(device), store.w[readers].to(device))
-        inv_rms_grad = store.inv_rms_grads[j, :, readers].sum(-1).to(device)
-        _add_inverse_rms_gradient(grad, x.to(grad.dtype), sources.inv_rms[j].to(device), inv_rms_grad)
-        return None, grad.view(ctx.shape).to(x.dtype), None
+        grad.addmm_(store.score_grads[readers, j].T.to(device), store.w[readers].to(device))
+        inv_rms_grad = store.inv_rms_grads[readers, j].sum(0).to(device)
+        x = x.to(grad.dtype)
+        _add_inverse_rms_gradient(grad, x, sources.inv_rms[j].to(device), inv_rms_grad)
+        grad_queries = None
+        if ctx.needs_input_grad[3]:  # this source's part of dL/dw_p, for the points that read it
+            grad_queries = sources.queries.new_zeros(sources.queries.shape)
+            grad_queries[readers] = store.score_grads[readers, j].to(device) @ x
+        return None, grad.view(ctx.shape).to(ctx.dtype), None, grad_queries
 
 
 class _Route(torch.autograd.Function):
@@ -234,20 +269,22 @@ class _Route(torch.autograd.Function):
         grad_logits = alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
         grad_scores = grad_logits * inv_rms.T
         grad_inv_rms = grad_logits * scores.T
-        grad_w = x.view(n * tokens, hidden).T @ grad_scores[:, :n].T.reshape(n * tokens)
+        grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
+        if sources.queries is None:
+            grad_w = x.view(n * tokens, hidden).T @ grad_scores[:, :n].T.reshape(n * tokens)
         w = query.to(acc) * norm_weight.to(acc)
 
         store = sources.backward_store()
         store.grad_out[p] = grad
         store.received[p] = True
-        store.weights[:n, :, p] = weights[:, :n].T
-        store.score_grads[:n, :, p] = grad_scores[:, :n].T
-        store.inv_rms_grads[:n, :, p] = grad_inv_rms[:, :n].T
+        store.weights[p, :n] = weights[:, :n].T
+        store.score_grads[p, :n] = grad_scores[:, :n].T
+        store.inv_rms_grads[p, :n] = grad_inv_rms[:, :n].T
         store.w[p] = w
 
         grad_extra = None
         if extra is not None:
-            grad_w.addmv_(e.T, grad_scores[:, n])
+            grad_w = e.T @ grad_scores[:, n] if grad_w is None else grad_w.addmv_(e.T, grad_scores[:, n])
             grad_extra = torch.addcmul(grad_scores[:, n:] * w, grad_acc, weights[:, n:])
             _add_inverse_rms_gradient(grad_extra, e, inv_rms[n], grad_inv_rms[:, n])
             grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
@@ -256,8 +293,8 @@ class _Route(torch.autograd.Function):
             None,
             grad_out if ctx.has_residual else None,
             grad_gate,
-            (grad_w * norm_weight.to(acc)).to(query.dtype),
-            (grad_w * query.to(acc)).to(norm_weight.dtype),
+            None if grad_w is None else (grad_w * norm_weight.to(acc)).to(query.dtype),
+            None if grad_w is None else (grad_w * query.to(acc)).to(norm_weight.dtype),
             grad_extra,
         )
 
@@ -265,7 +302,7 @@ class _Route(torch.autograd.Function):
 class SourceList:
     """The sources as separate tensors, routed by flash-linear-attention's fused kernel (`fla_depth_mix`)."""
 
-    def __init__(self, eps: float, capacity: int, max_points: int):
+    def __init__(self, eps: float):
         self.eps = eps
         self.tensors: list[torch.Tensor] = []
 

@@ -219,8 +219,11 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
 
         masks = self._causal_masks(inputs_embeds, attention_mask, cache, position_ids)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
-        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config)
-        for layer in self.layers[: self.config.num_hidden_layers]:
+        layers = self.layers[: self.config.num_hidden_layers]
+        points = [point for layer in layers for point in (layer.attn_route, layer.mlp_route) if point is not None]
+        points += [self.final_route] if self.final_route is not None else []
+        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config, points)
+        for layer in layers:
             state = layer(
                 state,
                 position_embeddings,

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCa
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
 from modeling_delta_qwen3 import depth_mix
-from modeling_delta_qwen3.depth_mix import SourceBuffer
+from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_queries
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
 # (mode, gated): every mode, and the gate where it exists.
@@ -147,10 +147,12 @@ def test_ungated_zero_init_adds_the_mean_of_the_sources():
     assert differences["delta_block"] > 1e-2
 
 
+@pytest.mark.parametrize("upfront", [False, True])
 @pytest.mark.parametrize("gated", [False, True])
-def test_routing_gradients_match_finite_differences(gated):
+def test_routing_gradients_match_finite_differences(gated, upfront):
     """The hand-written backward of `SourceBuffer` against numerical gradients, with additive and replacement
-    routing, a read-once `extra` source, and sources computed from earlier routed outputs as in the model."""
+    routing, a read-once `extra` source, and sources computed from earlier routed outputs as in the model; with
+    the points' queries known up front (scores computed as sources are written) and not (sharded parameters)."""
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape):
@@ -160,7 +162,9 @@ def test_routing_gradients_match_finite_differences(gated):
         return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight), gate=gate)
 
     def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, gate):
-        sources = SourceBuffer(1e-6, capacity=4, max_points=3)
+        points = [point(q0, g0), point(q1, g1), point(q2, g2)]
+        queries = upfront_queries(points, x0) if upfront else None
+        sources = SourceBuffer(1e-6, capacity=4, max_points=3, queries=queries)
         sources.append(x0)
         sources.append(x1)
         first = sources.route(point(q0, g0, gate), residual=residual)[0]
