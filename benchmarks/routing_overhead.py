@@ -18,6 +18,7 @@ training >= 0.95 / 0.85; decoding >= 0.95 for both.
 """
 
 import argparse
+import ctypes
 import json
 import statistics
 import time
@@ -72,6 +73,7 @@ class Settings:
     prompt: int
     new_tokens: int
     decode_runs: int
+    keep_freed_memory: bool
 
 
 def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: int = 0) -> torch.nn.Module:
@@ -85,6 +87,21 @@ def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: 
         model = DeltaQwen3ForCausalLM(config)
     model.config._attn_implementation = "sdpa"
     return model.to(device=settings.device, dtype=settings.dtype)
+
+
+def keep_freed_memory() -> bool:
+    """Has glibc's malloc keep freed memory for the next allocation, as PyTorch's CUDA caching allocator (or
+    jemalloc and tcmalloc on CPU) does, instead of returning every block over 32 MB to the system and taking it
+    back one zero-filled page fault at a time at the next step. With glibc's defaults those faults cost Qwen3 alone
+    about 40 % of a training step on the README's machine, and any extra buffer adds more: the timings would
+    measure the allocator rather than the computation. Returns False where it does not apply (not glibc)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # malloc.h
+    settings = [(m_mmap_threshold, 2**30), (m_trim_threshold, 2**31 - 1), (m_top_pad, 2**29)]
+    return all(libc.mallopt(option, value) == 1 for option, value in settings)
 
 
 def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
@@ -239,6 +256,9 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
     parser.add_argument("--decode-shape", default="qwen3-0.6b", choices=["qwen3-0.6b", "small"])
     parser.add_argument("--quick", action="store_true", help="short sequences and few repeats: a smoke run")
     parser.add_argument("--output", type=Path, help="write the results as JSON here")
+    parser.add_argument(
+        "--system-allocator", action="store_true", help="keep glibc's default of returning freed memory at once"
+    )
     args = parser.parse_args(argv)
     decode_shape = QWEN3_06B if args.decode_shape == "qwen3-0.6b" else {**SMALL, "num_hidden_layers": 12}
     settings = Settings(
@@ -253,12 +273,14 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         prompt=128,
         new_tokens=8 if args.quick else 32,
         decode_runs=2 if args.quick else 3,
+        keep_freed_memory=not args.system_allocator,
     )
     return settings, args.output
 
 
 def main(argv: list[str] | None = None) -> int:
     settings, output = parse_settings(argv)
+    kept = settings.keep_freed_memory and settings.device == "cpu" and keep_freed_memory()
     torch.set_grad_enabled(True)
     results = {
         "settings": {
@@ -268,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             "seq": settings.seq,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
+            "freed_memory_kept": kept,
         },
         "memory": measure_memory(settings),
         "training": measure_training(settings),

@@ -12,7 +12,7 @@ LIMITS = {"delta_block": 1.05, "delta": 1.15, "attnres_block": 1.15, "attnres_fu
 
 @pytest.fixture(scope="module")
 def ratios() -> dict[int, dict[str, float]]:
-    settings = Settings("cpu", torch.float32, 2, 128, [12, 28], 12, 0, SMALL, 0, 0, 0)
+    settings = Settings("cpu", torch.float32, 2, 128, [12, 28], 12, 0, SMALL, 0, 0, 0, False)
     ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), generator=torch.Generator().manual_seed(0))
     result = {}
     for layers in settings.depths:
