@@ -48,10 +48,12 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`; None when a point's
-    parameters are not ordinary tensors on `like`'s device (sharded by FSDP, offloaded, on another device): their
-    values are then known only when the point runs."""
+    parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or DeepSpeed, offloaded, on
+    another device): their values are then known only when the point runs."""
     tensors = [t for point in points for t in (point.query, point.norm.weight)]
-    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device for t in tensors):
+    hidden = like.shape[-1]
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device and t.shape == (hidden,)
+               for t in tensors):
         return None
     acc = compute_dtype(like.dtype)
     return torch.stack([point.query.to(acc) * point.norm.weight.to(acc) for point in points])

@@ -177,6 +177,21 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
     assert torch.autograd.gradcheck(routed, inputs)
 
 
+def test_queries_are_taken_up_front_only_from_whole_local_tensors():
+    """Up front, the points' `q * g` in order; None for a parameter that is offloaded (meta) or partitioned (empty),
+    whose values are known only when its point runs."""
+
+    def point(query, norm_weight):
+        return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight))
+
+    like = torch.zeros(2, 3, 4)
+    q, g = torch.randn(2, 4), torch.randn(2, 4)
+    points = [point(q[0], g[0]), point(q[1], g[1])]
+    torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
+    for odd in (torch.empty(4, device="meta"), torch.empty(0)):
+        assert upfront_queries([*points, point(odd, g[0])], like) is None
+
+
 def _loss_and_grads(model, ids):
     model.zero_grad()
     loss = model(ids, labels=ids).loss
