@@ -49,7 +49,11 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`; None when a point's
     parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or DeepSpeed, offloaded, on
-    another device): their values are then known only when the point runs."""
+    another device): their values are then known only when the point runs. None without autograd too: what this
+    saves is reading the sources again in the backward pass, and in generation, a few tokens at a time, stacking
+    the queries costs more than it saves."""
+    if not torch.is_grad_enabled():
+        return None
     tensors = [t for point in points for t in (point.query, point.norm.weight)]
     hidden = like.shape[-1]
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device and t.shape == (hidden,)

@@ -179,7 +179,7 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
 
 def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     """Up front, the points' `q * g` in order; None for a parameter that is offloaded (meta) or partitioned (empty),
-    whose values are known only when its point runs."""
+    whose values are known only when its point runs, and without autograd."""
 
     def point(query, norm_weight):
         return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight))
@@ -190,6 +190,8 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
     for odd in (torch.empty(4, device="meta"), torch.empty(0)):
         assert upfront_queries([*points, point(odd, g[0])], like) is None
+    with torch.no_grad():  # generation computes each point's scores when it runs
+        assert upfront_queries(points, like) is None
 
 
 def _loss_and_grads(model, ids):
