@@ -152,8 +152,8 @@ def _paired_ratio(runs: dict[str, Callable[[], None]], repeats: int, warmup: int
 def _share_base_weights(first: torch.nn.Module, second: torch.nn.Module) -> None:
     """Makes `second` use `first`'s tensors for every weight the two have in common (Qwen3's), so that where the
     weights lie in memory, which moves decoding speed at the 0.6B shape by up to 15 %, cannot favour either."""
-    shared = second.state_dict().keys() & first.state_dict().keys()
-    second.load_state_dict({name: first.state_dict()[name] for name in shared}, strict=False, assign=True)
+    weights, names = first.state_dict(), second.state_dict().keys()
+    second.load_state_dict({name: weights[name] for name in names & weights.keys()}, strict=False, assign=True)
 
 
 def _ratios_against_qwen3(

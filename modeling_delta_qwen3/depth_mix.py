@@ -161,7 +161,7 @@ class _SourceStorage:
         self.values.data[slot] = x.reshape(-1, x.shape[-1])
         self.inv_rms.data[slot] = inverse_rms(self.values[slot], self.eps).squeeze(-1)
         if self.queries is not None:  # against the points still to run
-            later = slice(self.points, len(self.queries))
+            later = slice(self.points, self.max_points)
             self.scores.data[later, slot] = self.queries[later].detach() @ self.values[slot].T.to(self.queries.dtype)
         self.first_reader.append(self.points)
         self.count += 1
@@ -176,8 +176,11 @@ class _SourceStorage:
         _, tokens, hidden = values.shape
         acc = inv_rms.dtype
         x = values.to(acc)
-        w = query.to(acc) * norm_weight.to(acc)
-        scores = (x.view(n * tokens, hidden) @ w).view(n, tokens) if self.queries is None else self.scores[p, :n]
+        if self.queries is None:
+            w = query.to(acc) * norm_weight.to(acc)
+            scores = (x.view(n * tokens, hidden) @ w).view(n, tokens)
+        else:
+            w, scores = self.queries[p].detach(), self.scores[p, :n]
         if extra is not None:
             e = extra.reshape(tokens, hidden).to(acc)
             scores = torch.cat([scores, (e @ w)[None]])
@@ -196,7 +199,7 @@ class _SourceStorage:
         self.values = x.new_empty(self.capacity, tokens, hidden)
         self.inv_rms = x.new_empty(self.capacity, tokens, dtype=compute_dtype(x.dtype))
         if self.queries is not None:
-            self.scores = x.new_empty(len(self.queries), self.capacity, tokens, dtype=self.queries.dtype)
+            self.scores = x.new_empty(self.max_points, self.capacity, tokens, dtype=self.queries.dtype)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
