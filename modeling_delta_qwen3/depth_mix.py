@@ -20,9 +20,11 @@ is written by hand:
   reaches the source: after every point that reads it, because each point takes the latest source's `token`, and
   each source's token is an input of the next source's.
 - When every point's `w_p` is known before the forward pass (`upfront_queries`: the parameters are ordinary
-  tensors on one device, not sharded or offloaded), each source's scores against all later points are one matrix
-  product at the moment it is written, and its part of the points' `dL/dw_p` one more when its gradient is
-  assembled: both read the source while it is in cache, instead of once more at every point that reads it.
+  tensors on one device, not sharded or offloaded), each source's logits `r_j (x_j . w_p)` against all later
+  points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one more when
+  its gradient is assembled: both read the source while it is in cache, instead of once more at every point that
+  reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice,
+  and a decoding step runs one product per source instead of one per point.
 
 `SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
 `sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
@@ -41,26 +43,28 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """`1 / sqrt(mean(x^2) + eps)` over the last dimension, shape `[..., 1]`."""
-    return torch.rsqrt(x.to(compute_dtype(x.dtype)).pow(2).mean(-1, keepdim=True) + eps)
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)`, skipping the call when it would do nothing: routing runs once per sublayer and token in
+    generation, where even calls that do nothing add up."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def inverse_rms(x: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`1 / sqrt(mean(x^2) + eps)` over the last dimension, shape `x.shape[:-1]`."""
+    return torch.rsqrt(as_dtype(x, compute_dtype(x.dtype)).pow(2).mean(-1).add_(eps), out=out)
 
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`; None when a point's
     parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or DeepSpeed, offloaded, on
-    another device): their values are then known only when the point runs. None without autograd too: what this
-    saves is reading the sources again in the backward pass, and in generation, a few tokens at a time, stacking
-    the queries costs more than it saves."""
-    if not torch.is_grad_enabled():
-        return None
-    tensors = [t for point in points for t in (point.query, point.norm.weight)]
+    another device): their values are then known only when the point runs."""
+    queries, norm_weights = [point.query for point in points], [point.norm.weight for point in points]
     hidden = like.shape[-1]
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device and t.shape == (hidden,)
-               for t in tensors):
+               for t in queries + norm_weights):
         return None
     acc = compute_dtype(like.dtype)
-    return torch.stack([point.query.to(acc) * point.norm.weight.to(acc) for point in points])
+    return as_dtype(torch.stack(queries), acc) * as_dtype(torch.stack(norm_weights), acc)
 
 
 def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
@@ -70,7 +74,11 @@ def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torc
 
 def _weighted_sum(x: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """`residual + sum_j weights[:, j:j+1] * x[j]` for sources `x` `[n, tokens, D]` and weights `[tokens, n]`."""
-    if len(x) == 1:  # a batched product with a single term takes a slow path on CPU
+    n, tokens, hidden = x.shape
+    if tokens == 1:  # decoding one token: a matrix product, cheaper than a batched one on CPU
+        x = x.view(n, hidden)
+        return weights @ x if residual is None else torch.addmm(residual, weights, x)
+    if n == 1:  # a batched product with a single term takes a slow path on CPU
         return x[0] * weights if residual is None else torch.addcmul(residual, x[0], weights)
     if residual is None:
         return torch.bmm(weights.unsqueeze(1), x.transpose(0, 1)).squeeze(1)
@@ -106,7 +114,7 @@ class SourceBuffer:
     most; `queries`, when known, their `w_p` in the order they run (`upfront_queries`)."""
 
     def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None = None):
-        self.storage = _SourceStorage(eps, capacity, max_points, queries)
+        self.storage = _SourceStorage(eps, capacity, max_points, queries, for_backward=torch.is_grad_enabled())
         # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
         self.token: torch.Tensor | None = None
@@ -140,66 +148,80 @@ class SourceBuffer:
 class _SourceStorage:
     """The buffers behind a `SourceBuffer`, shared with the backward passes of its routing points.
 
-    The buffers are written through `.data`, which does not count as modifying them for autograd: routing points
-    save views of the slots written before them, and a slot is never written twice."""
+    The buffers are written through aliases that autograd does not track (`.data`), which do not count as
+    modifying them: routing points save views of the slots written before them, and a slot is never written twice.
+    The inverse RMS are kept only for a backward pass or for points that compute their own logits."""
 
-    def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None):
+    def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None, for_backward: bool):
         self.eps, self.capacity, self.max_points = eps, capacity, max_points
         self.queries = queries  # [points, D] or None, see `upfront_queries`
+        self.keeps_inv_rms = for_backward or queries is None
         self.count = 0  # sources written
         self.points = 0  # routing points evaluated
         self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
         self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
-        self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype
-        self.scores: torch.Tensor | None = None  # [points, capacity, tokens]: x_j . w_p, with upfront queries
+        self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype, when kept
+        self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), with upfront queries
         self.store: _BackwardStore | None = None
 
     def write(self, x: torch.Tensor) -> None:
         if self.values is None:
             self._allocate(x)
-        slot = self.count
-        self.values.data[slot] = x.reshape(-1, x.shape[-1])
-        self.inv_rms.data[slot] = inverse_rms(self.values[slot], self.eps).squeeze(-1)
-        if self.queries is not None:  # against the points still to run
+        slot, (values, inv_rms, logits, queries) = self.count, self._writable
+        values[slot] = x
+        source = as_dtype(x.reshape(self.values.shape[1:]), self.acc)
+        r = inverse_rms(source, self.eps, out=None if inv_rms is None else inv_rms[slot])
+        if queries is not None:  # the logits against the points still to run
             later = slice(self.points, self.max_points)
-            self.scores.data[later, slot] = self.queries[later].detach() @ self.values[slot].T.to(self.queries.dtype)
+            torch.mm(queries[later], source.T, out=logits[slot, later]).mul_(r)
         self.first_reader.append(self.points)
         self.count += 1
 
     def mix(self, residual, gate, query, norm_weight, extra):
         """A routing point's forward pass over every source written so far; returns the routed tensor, the
-        routing weights, and the scores `x_j . w` and inverse RMS `[sources, tokens]` that its backward pass
-        needs."""
+        routing weights, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources, tokens]` that its backward
+        pass needs."""
         n, p = self.count, self.points
         self.points += 1
-        values, inv_rms = self.values[:n], self.inv_rms[:n]
+        values = self.values[:n]
         _, tokens, hidden = values.shape
-        acc = inv_rms.dtype
-        x = values.to(acc)
-        if self.queries is None:
-            w = query.to(acc) * norm_weight.to(acc)
-            scores = (x.view(n * tokens, hidden) @ w).view(n, tokens)
+        acc = self.acc
+        x = as_dtype(values, acc)
+        inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
+        if self.logits is None:
+            w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
+            logits = (x.view(n * tokens, hidden) @ w).view(n, tokens) * inv_rms
         else:
-            w, scores = self.queries[p].detach(), self.scores[p, :n]
+            w, logits = self._writable[3][p], self.logits[:n, p]
         if extra is not None:
-            e = extra.reshape(tokens, hidden).to(acc)
-            scores = torch.cat([scores, (e @ w)[None]])
-            inv_rms = torch.cat([inv_rms, inverse_rms(e, self.eps).T])
-        alpha = torch.softmax((scores * inv_rms).T, dim=-1)  # [tokens, sources]
-        weights = alpha if gate is None else alpha * gate.to(acc)
-        out = _weighted_sum(x, weights[:, :n], None if residual is None else residual.reshape(tokens, hidden).to(acc))
+            e = as_dtype(extra.reshape(tokens, hidden), acc)
+            extra_inv_rms = inverse_rms(e, self.eps)[None]
+            logits = torch.cat([logits, (e @ w)[None] * extra_inv_rms])
+            inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
+        alpha = torch.softmax(logits.T, dim=-1)  # [tokens, sources]
+        weights = alpha if gate is None else alpha * as_dtype(gate, acc)
+        residual = None if residual is None else as_dtype(residual.reshape(tokens, hidden), acc)
+        out = _weighted_sum(x, weights if extra is None else weights[:, :n], residual)
         if extra is not None:
             out.addcmul_(e, weights[:, n:])
-        routed = out.view(self.shape).to(self.dtype)
-        return routed, alpha.view(*self.shape[:-1], alpha.shape[-1]), scores, inv_rms
+        routed = as_dtype(out.view(self.shape), self.dtype)
+        return routed, alpha.view(*self.shape[:-1], alpha.shape[-1]), logits, inv_rms
 
     def _allocate(self, x: torch.Tensor) -> None:
-        self.shape, self.dtype = x.shape, x.dtype
+        self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
         self.values = x.new_empty(self.capacity, tokens, hidden)
-        self.inv_rms = x.new_empty(self.capacity, tokens, dtype=compute_dtype(x.dtype))
+        if self.keeps_inv_rms:
+            self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
         if self.queries is not None:
-            self.scores = x.new_empty(self.max_points, self.capacity, tokens, dtype=self.queries.dtype)
+            self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
+        self._alias_writable()
+
+    def _alias_writable(self) -> None:
+        """Aliases of the buffers (and of the queries) that autograd does not track, to write them through; the
+        values' alias is shaped like the sources, `[capacity, *x.shape]`, so that a source is written as it is."""
+        values = self.values.data.view(self.capacity, *self.shape)
+        self._writable = (values, *(None if b is None else b.data for b in (self.inv_rms, self.logits, self.queries)))
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
@@ -210,10 +232,11 @@ class _SourceStorage:
     def to(self, *args, **kwargs) -> None:
         if self.values is not None:
             self.values = self.values.to(*args, **kwargs)
-            self.inv_rms = self.inv_rms.to(device=self.values.device)
-            if self.scores is not None:
-                self.queries = self.queries.to(device=self.values.device)
-                self.scores = self.scores.to(device=self.values.device)
+            device = self.values.device
+            self.inv_rms = None if self.inv_rms is None else self.inv_rms.to(device=device)
+            self.logits = None if self.logits is None else self.logits.to(device=device)
+            self.queries = None if self.queries is None else self.queries.to(device=device)
+            self._alias_writable()
 
 
 class _AppendSource(torch.autograd.Function):
@@ -251,15 +274,15 @@ class _Route(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra):
         ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, sources.points, residual is not None
-        routed, alpha, scores, inv_rms = sources.mix(residual, gate, query, norm_weight, extra)
-        ctx.save_for_backward(sources.values[: ctx.n], inv_rms, scores, alpha, gate, query, norm_weight, extra)
+        routed, alpha, logits, inv_rms = sources.mix(residual, gate, query, norm_weight, extra)
+        ctx.save_for_backward(sources.values[: ctx.n], inv_rms, logits, alpha, gate, query, norm_weight, extra)
         ctx.mark_non_differentiable(alpha)
         return routed, alpha
 
     @staticmethod
     def backward(ctx, grad_out, _grad_alpha):
         sources, n, p = ctx.sources, ctx.n, ctx.p
-        values, inv_rms, scores, alpha, gate, query, norm_weight, extra = ctx.saved_tensors
+        values, inv_rms, logits, alpha, gate, query, norm_weight, extra = ctx.saved_tensors
         _, tokens, hidden = values.shape
         alpha = alpha.view(tokens, -1)
         acc = alpha.dtype
@@ -277,7 +300,7 @@ class _Route(torch.autograd.Function):
         grad_alpha = dots if gate is None else dots * gate.to(acc)
         grad_logits = alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
         grad_scores = grad_logits * inv_rms.T
-        grad_inv_rms = grad_logits * scores.T
+        grad_inv_rms = grad_logits * (logits / inv_rms).T  # the scores x_j . w
         grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
         if sources.queries is None:
             grad_w = x.view(n * tokens, hidden).T @ grad_scores[:, :n].T.reshape(n * tokens)

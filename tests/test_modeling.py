@@ -178,8 +178,8 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
 
 
 def test_queries_are_taken_up_front_only_from_whole_local_tensors():
-    """Up front, the points' `q * g` in order; None for a parameter that is offloaded (meta) or partitioned (empty),
-    whose values are known only when its point runs, and without autograd."""
+    """Up front, the points' `q * g` in order, with or without autograd; None for a parameter that is offloaded
+    (meta) or partitioned (empty), whose values are known only when its point runs."""
 
     def point(query, norm_weight):
         return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight))
@@ -188,10 +188,10 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     q, g = torch.randn(2, 4), torch.randn(2, 4)
     points = [point(q[0], g[0]), point(q[1], g[1])]
     torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
     for odd in (torch.empty(4, device="meta"), torch.empty(0)):
         assert upfront_queries([*points, point(odd, g[0])], like) is None
-    with torch.no_grad():  # generation computes each point's scores when it runs
-        assert upfront_queries(points, like) is None
 
 
 def _loss_and_grads(model, ids):
@@ -306,8 +306,8 @@ def test_routing_buffers_are_freed_by_reference_counting(monkeypatch, mode):
     storages = []
 
     class TrackedStorage(depth_mix._SourceStorage):
-        def __init__(self, *args):
-            super().__init__(*args)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             storages.append(weakref.ref(self))
 
     monkeypatch.setattr(depth_mix, "_SourceStorage", TrackedStorage)
