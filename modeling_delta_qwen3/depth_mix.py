@@ -132,7 +132,7 @@ class SourceBuffer:
     @torch.compiler.disable
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
-        read by this point only; also returns the routing weights `[..., n_sources]`."""
+        read by this point only; also returns the routing weights `[tokens, n_sources]`."""
         gate = point.gate if residual is not None else None
         if torch.is_grad_enabled():
             return _Route.apply(self.storage, self.token, residual, gate, point.query, point.norm.weight, extra)
@@ -167,13 +167,13 @@ class _SourceStorage:
     def write(self, x: torch.Tensor) -> None:
         if self.values is None:
             self._allocate(x)
-        slot, (values, inv_rms, logits, queries) = self.count, self._writable
-        values[slot] = x
-        source = as_dtype(x.reshape(self.values.shape[1:]), self.acc)
-        r = inverse_rms(source, self.eps, out=None if inv_rms is None else inv_rms[slot])
-        if queries is not None:  # the logits against the points still to run
+        slot = self.count
+        self._value_slots[slot].copy_(x)
+        source = as_dtype(x.reshape(-1, x.shape[-1]), self.acc)
+        r = inverse_rms(source, self.eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
+        if self._queries is not None:  # the logits against the points still to run
             later = slice(self.points, self.max_points)
-            torch.mm(queries[later], source.T, out=logits[slot, later]).mul_(r)
+            torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r)
         self.first_reader.append(self.points)
         self.count += 1
 
@@ -192,8 +192,9 @@ class _SourceStorage:
             w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
             logits = (x.view(n * tokens, hidden) @ w).view(n, tokens) * inv_rms
         else:
-            w, logits = self._writable[3][p], self.logits[:n, p]
+            logits = self._logits_by_point[p][:n]
         if extra is not None:
+            w = w if self.logits is None else self._queries[p]
             e = as_dtype(extra.reshape(tokens, hidden), acc)
             extra_inv_rms = inverse_rms(e, self.eps)[None]
             logits = torch.cat([logits, (e @ w)[None] * extra_inv_rms])
@@ -204,8 +205,7 @@ class _SourceStorage:
         out = _weighted_sum(x, weights if extra is None else weights[:, :n], residual)
         if extra is not None:
             out.addcmul_(e, weights[:, n:])
-        routed = as_dtype(out.view(self.shape), self.dtype)
-        return routed, alpha.view(*self.shape[:-1], alpha.shape[-1]), logits, inv_rms
+        return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
@@ -215,13 +215,19 @@ class _SourceStorage:
             self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
         if self.queries is not None:
             self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
-        self._alias_writable()
+        self._make_views()
 
-    def _alias_writable(self) -> None:
-        """Aliases of the buffers (and of the queries) that autograd does not track, to write them through; the
-        values' alias is shaped like the sources, `[capacity, *x.shape]`, so that a source is written as it is."""
-        values = self.values.data.view(self.capacity, *self.shape)
-        self._writable = (values, *(None if b is None else b.data for b in (self.inv_rms, self.logits, self.queries)))
+    def _make_views(self) -> None:
+        """The views that writing a source and routing a point index, made once per forward pass (in generation,
+        indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
+        does not track, the values' shaped like the sources; each point's logits; the queries, untracked."""
+        def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+            return None if buffer is None else buffer.data.unbind(0)
+
+        self._value_slots = slots(self.values.view(self.capacity, *self.shape))
+        self._inv_rms_slots, self._logit_slots = slots(self.inv_rms), slots(self.logits)
+        self._queries = None if self.queries is None else self.queries.data
+        self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
@@ -236,7 +242,7 @@ class _SourceStorage:
             self.inv_rms = None if self.inv_rms is None else self.inv_rms.to(device=device)
             self.logits = None if self.logits is None else self.logits.to(device=device)
             self.queries = None if self.queries is None else self.queries.to(device=device)
-            self._alias_writable()
+            self._make_views()
 
 
 class _AppendSource(torch.autograd.Function):
@@ -284,7 +290,6 @@ class _Route(torch.autograd.Function):
         sources, n, p = ctx.sources, ctx.n, ctx.p
         values, inv_rms, logits, alpha, gate, query, norm_weight, extra = ctx.saved_tensors
         _, tokens, hidden = values.shape
-        alpha = alpha.view(tokens, -1)
         acc = alpha.dtype
         x = values.to(acc)
         grad = grad_out.reshape(tokens, hidden)
@@ -368,7 +373,7 @@ def fla_depth_mix(
     against the query, softmax over sources, weighted sum) in fused kernels; the residual and gate are applied
     around it."""
     mix, weights = fused_attnres(query, sources, norm_weight, rms_eps=eps, return_weights=True)
-    weights = weights.movedim(0, -1)
+    weights = weights.reshape(len(sources), -1).T
     if residual is None:
         return mix, weights
     return residual + (mix if gate is None else gate.to(mix.dtype) * mix), weights

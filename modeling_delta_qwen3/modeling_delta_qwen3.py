@@ -235,7 +235,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         hidden_states = self.norm(state.final_hidden(self.final_route))
         return DeltaQwen3ModelOutput(
             last_hidden_state=hidden_states,
-            routing_weights=tuple(state.routing_weights) if output_routing_weights else None,
+            routing_weights=state.routing_weights_by_token() if output_routing_weights else None,
             **{CACHE_NAME: cache if use_cache else None},
         )
 

@@ -70,6 +70,11 @@ class DepthState:
         self.routing_weights.append(weights)
         return routed
 
+    def routing_weights_by_token(self) -> tuple[torch.Tensor, ...]:
+        """Every point's routing weights so far, shaped `[batch, seq, n_sources]` (they are kept `[tokens,
+        n_sources]` and shaped only when asked for: generation never asks)."""
+        return tuple(weights.view(*self.h0.shape[:-1], weights.shape[-1]) for weights in self.routing_weights)
+
     def enter_layer(self, layer_idx: int) -> None:
         """Called before layer `layer_idx` routes its attention input."""
 
