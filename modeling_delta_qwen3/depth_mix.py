@@ -55,9 +55,14 @@ def inverse_rms(x: torch.Tensor, eps: float, out: torch.Tensor | None = None) ->
 
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
-    """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`; None when a point's
-    parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or DeepSpeed, offloaded, on
-    another device): their values are then known only when the point runs."""
+    """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`, for hidden states like
+    `like`; None when a point's parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
+    DeepSpeed, offloaded, on another device): their values are then known only when the point runs. None as well
+    for a decoding step, one position per sequence without autograd: a point's sources are then few enough to stay
+    in cache from its own logits to its mixture, whereas logits taken up front read the queries once more per
+    source, after the layer in between has evicted them."""
+    if like.shape[-2] == 1 and not torch.is_grad_enabled():
+        return None
     queries, norm_weights = [point.query for point in points], [point.norm.weight for point in points]
     hidden = like.shape[-1]
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device and t.shape == (hidden,)
@@ -190,7 +195,7 @@ class _SourceStorage:
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
         if self.logits is None:
             w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
-            logits = (x.view(n * tokens, hidden) @ w).view(n, tokens) * inv_rms
+            logits = (x @ w) * inv_rms
         else:
             logits = self._logits_by_point[p][:n]
         if extra is not None:

@@ -179,7 +179,7 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
 
 def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     """Up front, the points' `q * g` in order, with or without autograd; None for a parameter that is offloaded
-    (meta) or partitioned (empty), whose values are known only when its point runs."""
+    (meta) or partitioned (empty), whose values are known only when its point runs, and for a decoding step."""
 
     def point(query, norm_weight):
         return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight))
@@ -188,8 +188,9 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     q, g = torch.randn(2, 4), torch.randn(2, 4)
     points = [point(q[0], g[0]), point(q[1], g[1])]
     torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
-    with torch.no_grad():
+    with torch.no_grad():  # a prompt, then a decoding step: one position per sequence
         torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
+        assert upfront_queries(points, like[:, :1]) is None
     for odd in (torch.empty(4, device="meta"), torch.empty(0)):
         assert upfront_queries([*points, point(odd, g[0])], like) is None
 
