@@ -174,11 +174,12 @@ class _SourceStorage:
             self._allocate(x)
         slot = self.count
         self._value_slots[slot].copy_(x)
-        source = as_dtype(x.reshape(-1, x.shape[-1]), self.acc)
-        r = inverse_rms(source, self.eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
+        x = as_dtype(x, self.acc)
+        r = inverse_rms(x, self.eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
         if self._queries is not None:  # the logits against the points still to run
             later = slice(self.points, self.max_points)
-            torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r)
+            source = x.reshape(-1, x.shape[-1])
+            torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r.view(-1))
         self.first_reader.append(self.points)
         self.count += 1
 
@@ -225,12 +226,14 @@ class _SourceStorage:
     def _make_views(self) -> None:
         """The views that writing a source and routing a point index, made once per forward pass (in generation,
         indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
-        does not track, the values' shaped like the sources; each point's logits; the queries, untracked."""
+        does not track, the values' and inverse RMS' shaped like the sources; each point's logits; the queries,
+        untracked."""
         def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
             return None if buffer is None else buffer.data.unbind(0)
 
         self._value_slots = slots(self.values.view(self.capacity, *self.shape))
-        self._inv_rms_slots, self._logit_slots = slots(self.inv_rms), slots(self.logits)
+        inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
+        self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
         self._queries = None if self.queries is None else self.queries.data
         self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
 
