@@ -50,8 +50,8 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def inverse_rms(x: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`1 / sqrt(mean(x^2) + eps)` over the last dimension, shape `x.shape[:-1]`."""
-    return torch.rsqrt(as_dtype(x, compute_dtype(x.dtype)).pow(2).mean(-1).add_(eps), out=out)
+    """`1 / sqrt(mean(x^2) + eps)` over the last dimension of `x` (in the compute dtype), shape `x.shape[:-1]`."""
+    return torch.rsqrt(x.pow(2).mean(-1).add_(eps), out=out)
 
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
@@ -196,7 +196,7 @@ class _SourceStorage:
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
         if self.logits is None:
             w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
-            logits = (x @ w) * inv_rms
+            logits = (x @ w).mul_(inv_rms)
         else:
             logits = self._logits_by_point[p][:n]
         if extra is not None:
