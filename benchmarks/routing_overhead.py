@@ -287,11 +287,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         seq=128 if args.quick else 512,
         depths=[4, 8] if args.quick else [12, 28],
         train_layers=12,
-        train_steps=2 if args.quick else 6,
+        train_steps=2 if args.quick else 10,
         decode_shape=decode_shape if not args.quick else {**SMALL, "num_hidden_layers": 4},
         prompt=128,
         new_tokens=8 if args.quick else 32,
-        decode_runs=2 if args.quick else 3,
+        decode_runs=2 if args.quick else 5,
         keep_freed_memory=not args.system_allocator,
     )
     return settings, args.output
