@@ -4,10 +4,12 @@ Three figures, each as a ratio to Qwen3 measured in the same process:
 - autograd saved-activation bytes of one training forward (unique storages, parameters excluded): noise-free;
 - training-step tokens/s (forward + backward + AdamW);
 - greedy decoding tokens/s with the KV cache;
-both timed for one variant at a time against Qwen3: the median over rounds of paired ratios, each round timing the
-two back to back, and the geometric mean of that over both orders of building the two models (on the machine
-the README's table comes from, whichever model is built first runs up to 10 % faster). On the CPU, glibc is told
-to keep freed memory for reuse (`keep_freed_memory`; `--system-allocator` leaves its defaults).
+both timed for one variant at a time against Qwen3, in pairs so that drift on a shared machine cancels: a training
+step of each back to back, and a decoding model's forward passes alternating with Qwen3's one token at a time
+(the two sharing their common weights); medians over the pairs, and the geometric mean of that over both orders
+of building the two models (on the machine the README's table comes from, whichever model is built first runs
+up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`keep_freed_memory`;
+`--system-allocator` leaves its defaults).
 
     python benchmarks/routing_overhead.py                     # the README's table (CPU, float32)
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
@@ -25,14 +27,14 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.modeling_delta_qwen3 import CACHE_NAME
 
 # (label, routing mode or None for Qwen3, gated)
 VARIANTS = [
@@ -158,15 +160,13 @@ def _share_base_weights(first: torch.nn.Module, second: torch.nn.Module) -> None
 
 def _ratios_against_qwen3(
     shape: dict,
-    make_run: Callable[[torch.nn.Module], Callable[[], None]],
-    repeats: int,
-    warmup: int,
+    measure_pair: Callable[[dict[str, torch.nn.Module]], tuple[float, float]],
     settings: Settings,
     share_weights: bool = False,
 ) -> tuple[dict, float]:
-    """Speed of every variant relative to Qwen3, each measured with only the two models alive, in both build
-    orders (geometric mean), optionally with their common weights shared; also the median seconds of one Qwen3
-    run."""
+    """Speed of every variant relative to Qwen3, each measured by `measure_pair` (models by name -> ratio and
+    Qwen3's seconds) with only the two models alive, in both build orders (geometric mean), optionally with their
+    common weights shared; also the median seconds of Qwen3."""
     ratios, qwen3_seconds = {"qwen3": 1.0}, []
     for label, mode, gated in VARIANTS[1:]:
         per_order = []
@@ -175,11 +175,10 @@ def _ratios_against_qwen3(
             models = {name: build(shape, m, g, settings) for name, m, g in order}
             if share_weights:
                 _share_base_weights(*models.values())
-            runs = {name: make_run(model) for name, model in models.items()}
-            ratio, seconds = _paired_ratio(runs, repeats, warmup, settings.device)
+            ratio, seconds = measure_pair(models)
             per_order.append(ratio)
             qwen3_seconds.append(seconds)
-            del runs, models
+            del models
         ratios[label] = statistics.geometric_mean(per_order)
     return ratios, statistics.median(qwen3_seconds)
 
@@ -197,15 +196,61 @@ def training_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], Non
     return step
 
 
-def decoding_run(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> Callable[[], None]:
-    model.eval()
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True)
+class GreedyDecoder:
+    """Greedy decoding with a KV cache, one forward pass per call: the prompt first (which gives the first new
+    token), then one new token per call; `restart` starts over from the prompt."""
 
-    def run() -> None:
+    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor):
+        self.model, self.prompt = model.eval(), prompt
+        self.restart()
+
+    def restart(self) -> None:
+        self.cache, self.token = None, None
+
+    def __call__(self) -> None:
         with torch.no_grad():
-            model.generate(prompt, pad_token_id=0, **kwargs)
+            if self.cache is None:
+                self.cache, ids = DynamicCache(config=self.model.config), self.prompt
+            else:
+                ids = self.token
+            logits = self.model(ids, use_cache=True, logits_to_keep=1, **{CACHE_NAME: self.cache}).logits
+            self.token = logits[:, -1:].argmax(-1)
 
-    return run
+
+def paired_decoding(decoders: dict[str, GreedyDecoder], new_tokens: int, rounds: int, device: str) -> dict:
+    """`decoders` holds "qwen3" and one variant. Each round decodes `new_tokens` with both, their forward passes
+    alternating one by one (who goes first alternating too), so that each pair sees the same machine. Returns the
+    medians over pairs of Qwen3's time over the variant's for the prompt and for a step, the whole generation's
+    ratio from those (Qwen3's median times as weights), Qwen3's seconds for a generation, and the milliseconds
+    the variant adds to the prompt and to a step."""
+    names = list(decoders)
+    (variant,) = set(names) - {"qwen3"}
+    prompt, step = {name: [] for name in names}, {name: [] for name in names}
+    for round_index in range(rounds + 1):  # the first round warms up
+        for decoder in decoders.values():
+            decoder.restart()
+        for call in range(new_tokens):
+            for name in names[:: 1 if (round_index + call) % 2 else -1]:
+                _synchronize(device)
+                start = time.perf_counter()
+                decoders[name]()
+                _synchronize(device)
+                if round_index:
+                    (prompt if call == 0 else step)[name].append(time.perf_counter() - start)
+
+    def paired(times: dict, combine: Callable[[float, float], float]) -> float:
+        return statistics.median(combine(q, v) for q, v in zip(times["qwen3"], times[variant]))
+
+    prompt_ratio, step_ratio = paired(prompt, lambda q, v: q / v), paired(step, lambda q, v: q / v)
+    qwen3_prompt, qwen3_step = statistics.median(prompt["qwen3"]), statistics.median(step["qwen3"])
+    qwen3_seconds = qwen3_prompt + (new_tokens - 1) * qwen3_step
+    variant_seconds = qwen3_prompt / prompt_ratio + (new_tokens - 1) * qwen3_step / step_ratio
+    return {
+        "ratio": qwen3_seconds / variant_seconds,
+        "qwen3_seconds": qwen3_seconds,
+        "prompt_ms_more": 1000 * paired(prompt, lambda q, v: v - q),
+        "step_ms_more": 1000 * paired(step, lambda q, v: v - q),
+    }
 
 
 def measure_memory(settings: Settings) -> dict:
@@ -221,16 +266,23 @@ def measure_memory(settings: Settings) -> dict:
 def measure_training(settings: Settings) -> dict:
     ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
     shape = {**SMALL, "num_hidden_layers": settings.train_layers}
-    ratios, seconds = _ratios_against_qwen3(shape, partial(training_step, ids=ids), settings.train_steps, 2, settings)
+    def measure_pair(models: dict) -> tuple[float, float]:
+        runs = {name: training_step(model, ids) for name, model in models.items()}
+        return _paired_ratio(runs, settings.train_steps, 2, settings.device)
+
+    ratios, seconds = _ratios_against_qwen3(shape, measure_pair, settings)
     return ratios | {"qwen3_tokens_per_s": ids.numel() / seconds}
 
 
 def measure_decoding(settings: Settings) -> dict:
     prompt = torch.randint(0, settings.decode_shape["vocab_size"], (1, settings.prompt), device=settings.device)
-    make_run = partial(decoding_run, prompt=prompt, new_tokens=settings.new_tokens)
-    ratios, seconds = _ratios_against_qwen3(
-        settings.decode_shape, make_run, settings.decode_runs, 1, settings, share_weights=True
-    )
+
+    def measure_pair(models: dict) -> tuple[float, float]:
+        decoders = {name: GreedyDecoder(model, prompt) for name, model in models.items()}
+        result = paired_decoding(decoders, settings.new_tokens, settings.decode_runs, settings.device)
+        return result["ratio"], result["qwen3_seconds"]
+
+    ratios, seconds = _ratios_against_qwen3(settings.decode_shape, measure_pair, settings, share_weights=True)
     return ratios | {"qwen3_tokens_per_s": settings.new_tokens / seconds}
 
 
@@ -291,7 +343,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         decode_shape=decode_shape if not args.quick else {**SMALL, "num_hidden_layers": 4},
         prompt=128,
         new_tokens=8 if args.quick else 32,
-        decode_runs=2 if args.quick else 5,
+        decode_runs=2 if args.quick else 3,
         keep_freed_memory=not args.system_allocator,
     )
     return settings, args.output
