@@ -127,9 +127,15 @@ def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return sum(storages.values())
 
 
-def _synchronize(device: str) -> None:
+def _seconds(run: Callable[[], None], device: str) -> float:
+    """Wall time of `run()`, with the device's queued work finished before and after."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def _paired_ratio(runs: dict[str, Callable[[], None]], repeats: int, warmup: int, device: str) -> tuple[float, float]:
@@ -140,11 +146,7 @@ def _paired_ratio(runs: dict[str, Callable[[], None]], repeats: int, warmup: int
     for round_index in range(warmup + repeats):
         times = {}
         for name, run in runs.items():
-            _synchronize(device)
-            start = time.perf_counter()
-            run()
-            _synchronize(device)
-            times[name] = time.perf_counter() - start
+            times[name] = _seconds(run, device)
         if round_index >= warmup:
             rounds.append(times)
     (variant,) = set(runs) - {"qwen3"}
@@ -231,12 +233,9 @@ def paired_decoding(decoders: dict[str, GreedyDecoder], new_tokens: int, rounds:
             decoder.restart()
         for call in range(new_tokens):
             for name in names[:: 1 if (round_index + call) % 2 else -1]:
-                _synchronize(device)
-                start = time.perf_counter()
-                decoders[name]()
-                _synchronize(device)
+                seconds = _seconds(decoders[name], device)
                 if round_index:
-                    (prompt if call == 0 else step)[name].append(time.perf_counter() - start)
+                    (prompt if call == 0 else step)[name].append(seconds)
 
     def paired(times: dict, combine: Callable[[float, float], float]) -> float:
         return statistics.median(combine(q, v) for q, v in zip(times["qwen3"], times[variant]))
