@@ -23,8 +23,8 @@ is written by hand:
   tensors on one device, not sharded or offloaded), each source's logits `r_j (x_j . w_p)` against all later
   points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one more when
   its gradient is assembled: both read the source while it is in cache, instead of once more at every point that
-  reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice,
-  and a decoding step runs one product per source instead of one per point.
+  reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice.
+  A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`).
 
 `SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
 `sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
@@ -57,12 +57,7 @@ def inverse_rms(x: torch.Tensor, eps: float, out: torch.Tensor | None = None) ->
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`, for hidden states like
     `like`; None when a point's parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
-    DeepSpeed, offloaded, on another device): their values are then known only when the point runs. None as well
-    for a decoding step, one position per sequence without autograd: a point's sources are then few enough to stay
-    in cache from its own logits to its mixture, whereas logits taken up front read the queries once more per
-    source, after the layer in between has evicted them."""
-    if like.shape[-2] == 1 and not torch.is_grad_enabled():
-        return None
+    DeepSpeed, offloaded, on another device): their values are then known only when the point runs."""
     queries, norm_weights = [point.query for point in points], [point.norm.weight for point in points]
     hidden = like.shape[-1]
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device and t.shape == (hidden,)
@@ -141,6 +136,8 @@ class SourceBuffer:
         gate = point.gate if residual is not None else None
         if torch.is_grad_enabled():
             return _Route.apply(self.storage, self.token, residual, gate, point.query, point.norm.weight, extra)
+        if self.storage.one_token and extra is None:
+            return self.storage.mix_one_token(residual, gate, point.query, point.norm.weight)
         return self.storage.mix(residual, gate, point.query, point.norm.weight, extra)[:2]
 
     def to(self, *args, **kwargs) -> "SourceBuffer":
@@ -155,18 +152,23 @@ class _SourceStorage:
 
     The buffers are written through aliases that autograd does not track (`.data`), which do not count as
     modifying them: routing points save views of the slots written before them, and a slot is never written twice.
-    The inverse RMS are kept only for a backward pass or for points that compute their own logits."""
+
+    Logits are taken up front when the queries are known, except in a decoding step (one position per sequence,
+    without autograd): a point's few sources then stay in cache from its own logits to its mixture, whereas logits
+    up front read all the queries once more per source, after the layer in between has evicted them. The inverse
+    RMS are kept only for a backward pass or for points that compute their own logits."""
 
     def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None, for_backward: bool):
         self.eps, self.capacity, self.max_points = eps, capacity, max_points
         self.queries = queries  # [points, D] or None, see `upfront_queries`
-        self.keeps_inv_rms = for_backward or queries is None
+        self.for_backward = for_backward
         self.count = 0  # sources written
         self.points = 0  # routing points evaluated
         self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
         self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
         self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype, when kept
-        self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), with upfront queries
+        self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), when taken up front
+        self.one_token = False  # a single position of a single sequence, without autograd: see `mix_one_token`
         self.store: _BackwardStore | None = None
 
     def write(self, x: torch.Tensor) -> None:
@@ -176,7 +178,7 @@ class _SourceStorage:
         self._value_slots[slot].copy_(x)
         x = as_dtype(x, self.acc)
         r = inverse_rms(x, self.eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
-        if self._queries is not None:  # the logits against the points still to run
+        if self.logits is not None:  # the logits against the points still to run
             later = slice(self.points, self.max_points)
             source = x.reshape(-1, x.shape[-1])
             torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r.view(-1))
@@ -194,13 +196,9 @@ class _SourceStorage:
         acc = self.acc
         x = as_dtype(values, acc)
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
-        if self.logits is None:
-            w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
-            logits = (x @ w).mul_(inv_rms)
-        else:
-            logits = self._logits_by_point[p][:n]
+        w = self._query(p, query, norm_weight) if self.logits is None or extra is not None else None
+        logits = (x @ w).mul_(inv_rms) if self.logits is None else self._logits_by_point[p][:n]
         if extra is not None:
-            w = w if self.logits is None else self._queries[p]
             e = as_dtype(extra.reshape(tokens, hidden), acc)
             extra_inv_rms = inverse_rms(e, self.eps)[None]
             logits = torch.cat([logits, (e @ w)[None] * extra_inv_rms])
@@ -213,21 +211,46 @@ class _SourceStorage:
             out.addcmul_(e, weights[:, n:])
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
+    def mix_one_token(self, residual, gate, query, norm_weight) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mix` without `extra` for a decoding step of one sequence, in matrix-vector products: the same values
+        in fewer dispatched operations, which at one token cost more than the arithmetic. Returns the routed tensor
+        and the routing weights."""
+        n, p = self.count, self.points
+        self.points += 1
+        x = as_dtype(self._value_rows[:n], self.acc)  # [n, D]
+        logits = torch.mv(x, self._query(p, query, norm_weight)).mul_(self._inv_rms_rows[:n])
+        alpha = torch.softmax(logits, dim=0)
+        weights = alpha if gate is None else alpha * as_dtype(gate, self.acc)
+        if residual is None:
+            out = torch.mv(x.T, weights)
+        else:
+            out = torch.addmv(as_dtype(residual.view(-1), self.acc), x.T, weights)
+        return as_dtype(out.view(self.shape), self.dtype), alpha
+
+    def _query(self, p: int, query: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+        """Point `p`'s `w_p = q_p * g_p`: a row of the queries when they are known, else computed here."""
+        if self._query_rows is not None:
+            return self._query_rows[p]
+        return as_dtype(query, self.acc) * as_dtype(norm_weight, self.acc)
+
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
+        decoding = x.shape[-2] == 1 and not self.for_backward
+        self.one_token = decoding and tokens == 1
         self.values = x.new_empty(self.capacity, tokens, hidden)
-        if self.keeps_inv_rms:
+        logits_up_front = self.queries is not None and not decoding
+        if self.for_backward or not logits_up_front:
             self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
-        if self.queries is not None:
+        if logits_up_front:
             self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
         self._make_views()
 
     def _make_views(self) -> None:
         """The views that writing a source and routing a point index, made once per forward pass (in generation,
         indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
-        does not track, the values' and inverse RMS' shaped like the sources; each point's logits; the queries,
-        untracked."""
+        does not track, the values' and inverse RMS' shaped like the sources; each point's logits and `w_p`,
+        untracked; for one token, the values `[capacity, D]` and inverse RMS `[capacity]`."""
         def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
             return None if buffer is None else buffer.data.unbind(0)
 
@@ -235,7 +258,10 @@ class _SourceStorage:
         inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
         self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
         self._queries = None if self.queries is None else self.queries.data
+        self._query_rows = slots(self.queries)
         self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
+        if self.one_token:
+            self._value_rows, self._inv_rms_rows = self.values.data.view(self.capacity, -1), self.inv_rms.data.view(-1)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:

@@ -179,7 +179,7 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
 
 def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     """Up front, the points' `q * g` in order, with or without autograd; None for a parameter that is offloaded
-    (meta) or partitioned (empty), whose values are known only when its point runs, and for a decoding step."""
+    (meta) or partitioned (empty), whose values are known only when its point runs."""
 
     def point(query, norm_weight):
         return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight))
@@ -188,11 +188,27 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     q, g = torch.randn(2, 4), torch.randn(2, 4)
     points = [point(q[0], g[0]), point(q[1], g[1])]
     torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
-    with torch.no_grad():  # a prompt, then a decoding step: one position per sequence
+    with torch.no_grad():
         torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
-        assert upfront_queries(points, like[:, :1]) is None
     for odd in (torch.empty(4, device="meta"), torch.empty(0)):
         assert upfront_queries([*points, point(odd, g[0])], like) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decoding_step_matches_full_forward(mode, batch):
+    """A decoding step (one position per sequence: per-point logits, and matrix-vector products for a single
+    sequence) gives the last position's logits and routing weights of a full forward pass."""
+    model = random_model(mode, gated=mode.startswith("delta"), scale=1.0).double()
+    ids = token_ids(batch=batch, seq=7)
+    with torch.no_grad():
+        full = model(ids, output_routing_weights=True)
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+        step = model(ids[:, -1:], past_key_values=cache, use_cache=True, output_routing_weights=True)
+    torch.testing.assert_close(step.logits, full.logits[:, -1:], atol=1e-9, rtol=0)
+    assert len(step.routing_weights) == len(full.routing_weights)
+    for got, expected in zip(step.routing_weights, full.routing_weights):
+        torch.testing.assert_close(got, expected[:, -1:], atol=1e-9, rtol=0)
 
 
 def _loss_and_grads(model, ids):
