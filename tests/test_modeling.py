@@ -303,6 +303,20 @@ def test_bfloat16_forward_and_backward(mode):
     assert any(g.abs().sum() > 0 for g in route_grads)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_bfloat16_decoding_step(mode):
+    """A bfloat16 decoding step (routing in float32 on bfloat16 sources) gives the full forward pass's last logits,
+    to bfloat16's precision."""
+    model = random_model(mode, gated=mode.startswith("delta")).to(torch.bfloat16)
+    ids = token_ids(batch=1, seq=7)
+    with torch.no_grad():
+        full = model(ids).logits[:, -1:]
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+        step = model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
+    assert step.dtype == torch.bfloat16
+    assert (step.float() - full.float()).abs().max() < 0.05 * full.float().abs().max()
+
+
 def test_torch_compile_matches_eager():
     model = random_model("delta", gated=True).train()
     ids = token_ids()
