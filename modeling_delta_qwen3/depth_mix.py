@@ -49,9 +49,12 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def inverse_rms(x: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`1 / sqrt(mean(x^2) + eps)` over the last dimension of `x` (in the compute dtype), shape `x.shape[:-1]`."""
-    return torch.rsqrt(x.pow(2).mean(-1).add_(eps), out=out)
+def inverse_rms(x: torch.Tensor, eps: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`1 / sqrt(mean(x^2) + eps)` over the last dimension of `x` (in the compute dtype), shape `x.shape[:-1]`;
+    `eps` is a 0-dim tensor of `x`'s dtype. Taken from the Euclidean norm: one pass over `x` without a temporary of
+    its size, and a third of the dispatched operations of `x.pow(2).mean(-1)` for a decoding step's single token."""
+    norm = torch.linalg.vector_norm(x, dim=-1)
+    return torch.rsqrt(torch.addcmul(eps, norm, norm, value=1 / x.shape[-1]), out=out)
 
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
@@ -135,10 +138,10 @@ class SourceBuffer:
         read by this point only; also returns the routing weights `[tokens, n_sources]`."""
         gate = point.gate if residual is not None else None
         if torch.is_grad_enabled():
-            return _Route.apply(self.storage, self.token, residual, gate, point.query, point.norm.weight, extra)
+            return _Route.apply(self.storage, self.token, residual, gate, point.query, point.norm.weight, extra, point)
         if self.storage.one_token and extra is None:
-            return self.storage.mix_one_token(residual, gate, point.query, point.norm.weight)
-        return self.storage.mix(residual, gate, point.query, point.norm.weight, extra)[:2]
+            return self.storage.mix_one_token(residual, gate, point)
+        return self.storage.mix(residual, gate, point, extra)[:2]
 
     def to(self, *args, **kwargs) -> "SourceBuffer":
         """Moves the buffers to another device in place and returns `self`: points already evaluated hold the
@@ -177,7 +180,7 @@ class _SourceStorage:
         slot = self.count
         self._value_slots[slot].copy_(x)
         x = as_dtype(x, self.acc)
-        r = inverse_rms(x, self.eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
+        r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
         if self.logits is not None:  # the logits against the points still to run
             later = slice(self.points, self.max_points)
             source = x.reshape(-1, x.shape[-1])
@@ -185,7 +188,7 @@ class _SourceStorage:
         self.first_reader.append(self.points)
         self.count += 1
 
-    def mix(self, residual, gate, query, norm_weight, extra):
+    def mix(self, residual, gate, point, extra):
         """A routing point's forward pass over every source written so far; returns the routed tensor, the
         routing weights, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources, tokens]` that its backward
         pass needs."""
@@ -196,11 +199,11 @@ class _SourceStorage:
         acc = self.acc
         x = as_dtype(values, acc)
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
-        w = self._query(p, query, norm_weight) if self.logits is None or extra is not None else None
+        w = self._query(p, point) if self.logits is None or extra is not None else None
         logits = (x @ w).mul_(inv_rms) if self.logits is None else self._logits_by_point[p][:n]
         if extra is not None:
             e = as_dtype(extra.reshape(tokens, hidden), acc)
-            extra_inv_rms = inverse_rms(e, self.eps)[None]
+            extra_inv_rms = inverse_rms(e, self._eps)[None]
             logits = torch.cat([logits, (e @ w)[None] * extra_inv_rms])
             inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
         alpha = torch.softmax(logits.T, dim=-1)  # [tokens, sources]
@@ -211,14 +214,14 @@ class _SourceStorage:
             out.addcmul_(e, weights[:, n:])
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
-    def mix_one_token(self, residual, gate, query, norm_weight) -> tuple[torch.Tensor, torch.Tensor]:
+    def mix_one_token(self, residual, gate, point) -> tuple[torch.Tensor, torch.Tensor]:
         """`mix` without `extra` for a decoding step of one sequence, in matrix-vector products: the same values
         in fewer dispatched operations, which at one token cost more than the arithmetic. Returns the routed tensor
         and the routing weights."""
         n, p = self.count, self.points
         self.points += 1
         x = as_dtype(self._value_rows[:n], self.acc)  # [n, D]
-        logits = torch.mv(x, self._query(p, query, norm_weight)).mul_(self._inv_rms_rows[:n])
+        logits = torch.mv(x, self._query(p, point)).mul_(self._inv_rms_rows[:n])
         alpha = torch.softmax(logits, dim=0)
         weights = alpha if gate is None else alpha * as_dtype(gate, self.acc)
         if residual is None:
@@ -227,14 +230,16 @@ class _SourceStorage:
             out = torch.addmv(as_dtype(residual.view(-1), self.acc), x.T, weights)
         return as_dtype(out.view(self.shape), self.dtype), alpha
 
-    def _query(self, p: int, query: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-        """Point `p`'s `w_p = q_p * g_p`: a row of the queries when they are known, else computed here."""
+    def _query(self, p: int, point) -> torch.Tensor:
+        """Point `p`'s `w_p = q_p * g_p`: a row of the queries when they are known, else computed here from the
+        point's parameters (only then read: reading a module's parameter is slow enough to count in generation)."""
         if self._query_rows is not None:
             return self._query_rows[p]
-        return as_dtype(query, self.acc) * as_dtype(norm_weight, self.acc)
+        return as_dtype(point.query, self.acc) * as_dtype(point.norm.weight, self.acc)
 
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
+        self._eps = x.new_full((), self.eps, dtype=self.acc)
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
         decoding = x.shape[-2] == 1 and not self.for_backward
         self.one_token = decoding and tokens == 1
@@ -276,6 +281,7 @@ class _SourceStorage:
             self.inv_rms = None if self.inv_rms is None else self.inv_rms.to(device=device)
             self.logits = None if self.logits is None else self.logits.to(device=device)
             self.queries = None if self.queries is None else self.queries.to(device=device)
+            self._eps = self._eps.to(device=device)
             self._make_views()
 
 
@@ -312,9 +318,9 @@ class _AppendSource(torch.autograd.Function):
 
 class _Route(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra):
+    def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra, point):
         ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, sources.points, residual is not None
-        routed, alpha, logits, inv_rms = sources.mix(residual, gate, query, norm_weight, extra)
+        routed, alpha, logits, inv_rms = sources.mix(residual, gate, point, extra)
         ctx.save_for_backward(sources.values[: ctx.n], inv_rms, logits, alpha, gate, query, norm_weight, extra)
         ctx.mark_non_differentiable(alpha)
         return routed, alpha
@@ -367,6 +373,7 @@ class _Route(torch.autograd.Function):
             None if grad_w is None else (grad_w * norm_weight.to(acc)).to(query.dtype),
             None if grad_w is None else (grad_w * query.to(acc)).to(norm_weight.dtype),
             grad_extra,
+            None,
         )
 
 
