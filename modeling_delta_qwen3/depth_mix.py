@@ -199,7 +199,7 @@ class _SourceStorage:
         acc = self.acc
         x = as_dtype(values, acc)
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
-        w = self._query(p, point) if self.logits is None or extra is not None else None
+        w = self._query(p, point).view(hidden) if self.logits is None or extra is not None else None
         logits = (x @ w).mul_(inv_rms) if self.logits is None else self._logits_by_point[p][:n]
         if extra is not None:
             e = as_dtype(extra.reshape(tokens, hidden), acc)
@@ -215,27 +215,29 @@ class _SourceStorage:
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
     def mix_one_token(self, residual, gate, point) -> tuple[torch.Tensor, torch.Tensor]:
-        """`mix` without `extra` for a decoding step of one sequence, in matrix-vector products: the same values
-        in fewer dispatched operations, which at one token cost more than the arithmetic. Returns the routed tensor
-        and the routing weights."""
+        """`mix` without `extra` for a decoding step of one sequence, in products of a single batch over `[1, 1,
+        D]`-shaped operands, the sources' shape: the same values in fewer dispatched operations (no reshaping),
+        which at one token cost more than the arithmetic. Returns the routed tensor and the routing weights."""
         n, p = self.count, self.points
         self.points += 1
-        x = as_dtype(self._value_rows[:n], self.acc)  # [n, D]
-        logits = torch.mv(x, self._query(p, point)).mul_(self._inv_rms_rows[:n])
-        alpha = torch.softmax(logits, dim=0)
+        x = as_dtype(self._value_rows[:, :n], self.acc)  # [1, n, D]
+        logits = torch.bmm(self._query(p, point), x.transpose(1, 2)).mul_(self._inv_rms_rows[:, :, :n])
+        alpha = torch.softmax(logits, dim=-1)  # [1, 1, n]
         weights = alpha if gate is None else alpha * as_dtype(gate, self.acc)
         if residual is None:
-            out = torch.mv(x.T, weights)
+            out = torch.bmm(weights, x)
         else:
-            out = torch.addmv(as_dtype(residual.view(-1), self.acc), x.T, weights)
-        return as_dtype(out.view(self.shape), self.dtype), alpha
+            out = torch.baddbmm(as_dtype(residual, self.acc), weights, x)
+        return as_dtype(out, self.dtype), alpha
 
     def _query(self, p: int, point) -> torch.Tensor:
         """Point `p`'s `w_p = q_p * g_p`: a row of the queries when they are known, else computed here from the
-        point's parameters (only then read: reading a module's parameter is slow enough to count in generation)."""
+        point's parameters (only then read: reading a module's parameter is slow enough to count in generation).
+        Shaped `[D]`, or `[1, 1, D]` for `mix_one_token`."""
         if self._query_rows is not None:
             return self._query_rows[p]
-        return as_dtype(point.query, self.acc) * as_dtype(point.norm.weight, self.acc)
+        w = as_dtype(point.query, self.acc) * as_dtype(point.norm.weight, self.acc)
+        return w.view(1, 1, -1) if self.one_token else w
 
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
@@ -255,7 +257,7 @@ class _SourceStorage:
         """The views that writing a source and routing a point index, made once per forward pass (in generation,
         indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
         does not track, the values' and inverse RMS' shaped like the sources; each point's logits and `w_p`,
-        untracked; for one token, the values `[capacity, D]` and inverse RMS `[capacity]`."""
+        untracked; for one token, the values `[1, capacity, D]`, inverse RMS `[1, 1, capacity]` and `w_p` `[1, 1, D]`."""
         def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
             return None if buffer is None else buffer.data.unbind(0)
 
@@ -263,10 +265,14 @@ class _SourceStorage:
         inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
         self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
         self._queries = None if self.queries is None else self.queries.data
-        self._query_rows = slots(self.queries)
+        queries = self.queries
+        if queries is not None and self.one_token:
+            queries = queries.view(-1, 1, 1, self.shape[-1])
+        self._query_rows = slots(queries)
         self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
         if self.one_token:
-            self._value_rows, self._inv_rms_rows = self.values.data.view(self.capacity, -1), self.inv_rms.data.view(-1)
+            self._value_rows = self.values.data.view(1, self.capacity, -1)
+            self._inv_rms_rows = self.inv_rms.data.view(1, 1, -1)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
