@@ -13,8 +13,7 @@ import torch
 
 # Run as a script: this folder is on the path.
 from routing_overhead import (
-    QWEN3_06B,
-    SMALL,
+    DECODE_SHAPES,
     GreedyDecoder,
     _share_base_weights,
     build,
@@ -29,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--shape", default="qwen3-0.6b", choices=["qwen3-0.6b", "small"])
+    parser.add_argument("--shape", default="qwen3-0.6b", choices=list(DECODE_SHAPES))
     args = parser.parse_args(argv)
     keep_freed_memory()
-    shape = QWEN3_06B if args.shape == "qwen3-0.6b" else {**SMALL, "num_hidden_layers": 4}
+    shape = DECODE_SHAPES[args.shape]
     settings = SimpleNamespace(device="cpu", dtype=torch.float32)
     prompt = torch.randint(0, shape["vocab_size"], (1, args.prompt))
     for mode in args.modes.split(","):

@@ -61,6 +61,7 @@ SMALL = dict(
     max_position_embeddings=4096,
 )
 QWEN3_06B = {**preset_fields("qwen3-0.6b"), "vocab_size": 151936}
+DECODE_SHAPES = {"qwen3-0.6b": QWEN3_06B, "small": {**SMALL, "num_hidden_layers": 12}}
 
 
 @dataclass
@@ -323,14 +324,13 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--decode-shape", default="qwen3-0.6b", choices=["qwen3-0.6b", "small"])
+    parser.add_argument("--decode-shape", default="qwen3-0.6b", choices=list(DECODE_SHAPES))
     parser.add_argument("--quick", action="store_true", help="short sequences and few repeats: a smoke run")
     parser.add_argument("--output", type=Path, help="write the results as JSON here")
     parser.add_argument(
         "--system-allocator", action="store_true", help="keep glibc's default of returning freed memory at once"
     )
     args = parser.parse_args(argv)
-    decode_shape = QWEN3_06B if args.decode_shape == "qwen3-0.6b" else {**SMALL, "num_hidden_layers": 12}
     settings = Settings(
         device=args.device,
         dtype=getattr(torch, args.dtype),
@@ -339,7 +339,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         depths=[4, 8] if args.quick else [12, 28],
         train_layers=12,
         train_steps=2 if args.quick else 10,
-        decode_shape=decode_shape if not args.quick else {**SMALL, "num_hidden_layers": 4},
+        decode_shape=DECODE_SHAPES[args.decode_shape] if not args.quick else {**SMALL, "num_hidden_layers": 4},
         prompt=128,
         new_tokens=8 if args.quick else 32,
         decode_runs=2 if args.quick else 3,
