@@ -14,6 +14,7 @@ up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`k
     python benchmarks/routing_overhead.py                     # the README's table (CPU, float32)
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
     python benchmarks/routing_overhead.py --quick             # a smoke run in a minute
+    python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
 
 Targets (issue "routing at near-zero cost"), checked and printed at the end:
 memory <= 1.05 (Delta Block) / 1.15 (Delta AttnRes), at 28 layers no more than 0.03 above 12 layers;
@@ -26,7 +27,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ VARIANTS = [
     ("attnres_block", "attnres_block", False),
     ("attnres_full", "attnres_full", False),
 ]
+FIGURES = ("memory", "training", "decoding")
 TARGETS = {  # mode: (max memory ratio, min training ratio, min decoding ratio)
     "delta_block": (1.05, 0.95, 0.95),
     "delta": (1.15, 0.85, 0.95),
@@ -78,6 +80,8 @@ class Settings:
     new_tokens: int
     decode_runs: int
     keep_freed_memory: bool
+    variants: list[tuple[str, str | None, bool]] = field(default_factory=lambda: list(VARIANTS))  # Qwen3 first
+    figures: tuple[str, ...] = FIGURES
 
 
 def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: int = 0) -> torch.nn.Module:
@@ -171,7 +175,7 @@ def _ratios_against_qwen3(
     Qwen3's seconds) with only the two models alive, in both build orders (geometric mean), optionally with their
     common weights shared; also the median seconds of Qwen3."""
     ratios, qwen3_seconds = {"qwen3": 1.0}, []
-    for label, mode, gated in VARIANTS[1:]:
+    for label, mode, gated in settings.variants[1:]:
         per_order = []
         for variant_first in (False, True):
             order = [(label, mode, gated), VARIANTS[0]] if variant_first else [VARIANTS[0], (label, mode, gated)]
@@ -258,7 +262,10 @@ def measure_memory(settings: Settings) -> dict:
     results = {}
     for layers in settings.depths:
         shape = {**SMALL, "num_hidden_layers": layers}
-        sizes = {label: saved_activation_bytes(build(shape, mode, gated, settings), ids) for label, mode, gated in VARIANTS}
+        sizes = {
+            label: saved_activation_bytes(build(shape, mode, gated, settings), ids)
+            for label, mode, gated in settings.variants
+        }
         results[layers] = {label: sizes[label] / sizes["qwen3"] for label in sizes} | {"qwen3_bytes": sizes["qwen3"]}
     return results
 
@@ -286,11 +293,12 @@ def measure_decoding(settings: Settings) -> dict:
     return ratios | {"qwen3_tokens_per_s": settings.new_tokens / seconds}
 
 
-def check_targets(results: dict) -> list[str]:
-    """Every target that is missed, in words; empty when all are met."""
+def check_targets(results: dict, labels: list[str]) -> list[str]:
+    """Every target that the figures measured for the variants `labels` miss, in words; empty when all are met."""
     missed = []
-    memory, depths = results["memory"], sorted(results["memory"])
-    for label, _, _ in VARIANTS[1:]:
+    memory = results.get("memory", {})
+    depths = sorted(memory)
+    for label in labels:
         mode = label.split("+")[0]
         if mode not in TARGETS:
             continue
@@ -300,33 +308,47 @@ def check_targets(results: dict) -> list[str]:
                 missed.append(f"{label}: memory ratio {memory[layers][label]:.3f} > {max_memory} at {layers} layers")
         if len(depths) > 1 and memory[depths[-1]][label] - memory[depths[0]][label] > 0.03:
             missed.append(f"{label}: memory ratio grows with depth by more than 0.03")
-        if results["training"][label] < min_training:
-            missed.append(f"{label}: training ratio {results['training'][label]:.3f} < {min_training}")
-        if results["decoding"][label] < min_decoding:
-            missed.append(f"{label}: decoding ratio {results['decoding'][label]:.3f} < {min_decoding}")
+        for figure, minimum in (("training", min_training), ("decoding", min_decoding)):
+            if figure in results and results[figure][label] < minimum:
+                missed.append(f"{label}: {figure} ratio {results[figure][label]:.3f} < {minimum}")
     return missed
 
 
-def format_table(results: dict) -> str:
-    depths = sorted(results["memory"])
-    header = ["variant"] + [f"memory {d}L" for d in depths] + ["train tok/s", "decode tok/s"]
-    rows = [header]
-    for label, _, _ in VARIANTS:
-        row = [label] + [f"{results['memory'][d][label]:.3f}" for d in depths]
-        rows.append(row + [f"{results['training'][label]:.3f}", f"{results['decoding'][label]:.3f}"])
+def format_table(results: dict, labels: list[str]) -> str:
+    columns = [(f"memory {d}L", results["memory"][d]) for d in sorted(results.get("memory", {}))]
+    columns += [(title, results[figure]) for figure, title in (("training", "train tok/s"), ("decoding", "decode tok/s"))
+                if figure in results]
+    header = ["variant"] + [title for title, _ in columns]
+    rows = [header] + [[label] + [f"{ratios[label]:.3f}" for _, ratios in columns] for label in labels]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     lines.insert(1, "-+-".join("-" * width for width in widths))
     return "\n".join(lines)
 
 
+def _names(allowed: list[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of names from `allowed`."""
+
+    def parse(text: str) -> list[str]:
+        names = text.split(",")
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}: choose from {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
 def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None]:
+    labels = [label for label, _, _ in VARIANTS[1:]]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--decode-shape", default="qwen3-0.6b", choices=list(DECODE_SHAPES))
     parser.add_argument("--quick", action="store_true", help="short sequences and few repeats: a smoke run")
     parser.add_argument("--output", type=Path, help="write the results as JSON here")
+    parser.add_argument("--variants", type=_names(labels), default=labels, help="comma-separated; Qwen3 always runs")
+    parser.add_argument("--figures", type=_names(list(FIGURES)), default=list(FIGURES), help="comma-separated")
     parser.add_argument(
         "--system-allocator", action="store_true", help="keep glibc's default of returning freed memory at once"
     )
@@ -344,6 +366,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         new_tokens=8 if args.quick else 32,
         decode_runs=2 if args.quick else 3,
         keep_freed_memory=not args.system_allocator,
+        variants=[VARIANTS[0]] + [variant for variant in VARIANTS[1:] if variant[0] in args.variants],
+        figures=tuple(figure for figure in FIGURES if figure in args.figures),
     )
     return settings, args.output
 
@@ -362,13 +386,13 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(),
             "freed_memory_kept": kept,
         },
-        "memory": measure_memory(settings),
-        "training": measure_training(settings),
-        "decoding": measure_decoding(settings),
     }
-    missed = check_targets(results)
+    measures = {"memory": measure_memory, "training": measure_training, "decoding": measure_decoding}
+    results |= {figure: measures[figure](settings) for figure in settings.figures}
+    labels = [label for label, _, _ in settings.variants]
+    missed = check_targets(results, labels[1:])
     results["targets_missed"] = missed
-    print(format_table(results))
+    print(format_table(results, labels))
     print("\nall targets met" if not missed else "\ntargets missed:\n" + "\n".join(missed))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)

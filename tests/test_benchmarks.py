@@ -27,6 +27,23 @@ def test_routing_overhead_quick_run_reports_every_figure(tmp_path):
     assert all(label in completed.stdout for label in labels)
 
 
+def test_routing_overhead_measures_the_chosen_part_of_the_table(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--figures", "memory",
+               "--variants", "delta_block", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert set(results) == {"settings", "memory", "targets_missed"}
+    assert [set(ratios) for ratios in results["memory"].values()] == [{"qwen3", "delta_block", "qwen3_bytes"}] * 2
+    assert [line.split(" ")[0] for line in completed.stdout.splitlines()[2:4]] == ["qwen3", "delta_block"]
+
+    command[command.index("--variants") + 1] = "delta_block,deltablock"
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 2 and "unknown deltablock: choose from delta_block," in completed.stderr
+
+
 @pytest.mark.slow
 def test_decode_steps_reports_every_mode():
     command = [sys.executable, "benchmarks/decode_steps.py", "--shape", "small", "--rounds", "1", "--prompt", "8"]
