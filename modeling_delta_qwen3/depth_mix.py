@@ -116,8 +116,16 @@ class SourceBuffer:
     them (see the module docstring). `max_points` is the number of routing points the forward pass evaluates at
     most; `queries`, when known, their `w_p` in the order they run (`upfront_queries`)."""
 
-    def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None = None):
+    def __init__(
+        self,
+        eps: float,
+        capacity: int,
+        max_points: int,
+        queries: torch.Tensor | None = None,
+        scratch: "DecodingScratch | None" = None,
+    ):
         self.storage = _SourceStorage(eps, capacity, max_points, queries, for_backward=torch.is_grad_enabled())
+        self.scratch = scratch  # consulted at the first source, when the shapes are known
         # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
         self.token: torch.Tensor | None = None
@@ -130,6 +138,8 @@ class SourceBuffer:
         if torch.is_grad_enabled():
             self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries)
         else:
+            if self.scratch is not None:
+                self.storage, self.scratch = self.scratch.storage_for(self.storage, x), None
             self.storage.write(x)
 
     @torch.compiler.disable
@@ -220,8 +230,9 @@ class _SourceStorage:
         which at one token cost more than the arithmetic. Returns the routed tensor and the routing weights."""
         n, p = self.count, self.points
         self.points += 1
-        x = as_dtype(self._value_rows[:, :n], self.acc)  # [1, n, D]
-        logits = torch.bmm(self._query(p, point), x.transpose(1, 2)).mul_(self._inv_rms_rows[:, :, :n])
+        values, inv_rms = self._prefixes[n]
+        x = as_dtype(values, self.acc)  # [1, n, D]
+        logits = torch.bmm(self._query(p, point), x.transpose(1, 2)).mul_(inv_rms)
         alpha = torch.softmax(logits, dim=-1)  # [1, 1, n]
         weights = alpha if gate is None else alpha * as_dtype(gate, self.acc)
         if residual is None:
@@ -244,7 +255,7 @@ class _SourceStorage:
         self._eps = x.new_full((), self.eps, dtype=self.acc)
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
         decoding = x.shape[-2] == 1 and not self.for_backward
-        self.one_token = decoding and tokens == 1
+        self.one_token = self.routes_one_token(x)
         self.values = x.new_empty(self.capacity, tokens, hidden)
         logits_up_front = self.queries is not None and not decoding
         if self.for_backward or not logits_up_front:
@@ -257,7 +268,8 @@ class _SourceStorage:
         """The views that writing a source and routing a point index, made once per forward pass (in generation,
         indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
         does not track, the values' and inverse RMS' shaped like the sources; each point's logits and `w_p`,
-        untracked; for one token, the values `[1, capacity, D]`, inverse RMS `[1, 1, capacity]` and `w_p` `[1, 1, D]`."""
+        untracked; for one token, `w_p` `[1, 1, D]` and, for each count n of sources, the first n values `[1, n, D]`
+        and inverse RMS `[1, 1, n]`."""
         def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
             return None if buffer is None else buffer.data.unbind(0)
 
@@ -271,8 +283,29 @@ class _SourceStorage:
         self._query_rows = slots(queries)
         self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
         if self.one_token:
-            self._value_rows = self.values.data.view(1, self.capacity, -1)
-            self._inv_rms_rows = self.inv_rms.data.view(1, 1, -1)
+            values, inv_rms = self.values.data.view(1, self.capacity, -1), self.inv_rms.data.view(1, 1, -1)
+            self._prefixes = [(values[:, :n], inv_rms[:, :, :n]) for n in range(self.capacity + 1)]
+
+    def routes_one_token(self, x: torch.Tensor) -> bool:
+        """Whether sources like `x` are routed by `mix_one_token`: one position of one sequence, without autograd."""
+        return not self.for_backward and x.shape[:-1].numel() == 1
+
+    def fits(self, other: "_SourceStorage", x: torch.Tensor) -> bool:
+        """Whether this storage, allocated for one token, can stand in for `other`, not yet allocated, for sources
+        like `x`."""
+        return (
+            self.one_token
+            and other.routes_one_token(x)
+            and (x.shape, x.dtype, x.device) == (self.shape, self.dtype, self.values.device)
+            and (self.eps, self.capacity, self.max_points) == (other.eps, other.capacity, other.max_points)
+            and (self.queries is None) == (other.queries is None)
+        )
+
+    def restart(self, queries: torch.Tensor | None) -> None:
+        """Empties the storage for another forward pass with these queries, keeping its buffers and views."""
+        self.count, self.points, self.first_reader = 0, 0, []
+        if queries is not None:
+            self.queries.copy_(queries)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
@@ -289,6 +322,37 @@ class _SourceStorage:
             self.queries = None if self.queries is None else self.queries.to(device=device)
             self._eps = self._eps.to(device=device)
             self._make_views()
+
+
+class DecodingScratch:
+    """What routing keeps from one decoding step to the next of one generation: the previous step's storage, whose
+    buffers and views the next step reuses when its shapes are the same (making them anew took about a tenth of
+    what routing costs a step). Kept on the generation's KV cache (`decoding_scratch`); a copy starts empty."""
+
+    def __init__(self):
+        self.storage: _SourceStorage | None = None
+
+    def __deepcopy__(self, memo) -> "DecodingScratch":
+        return DecodingScratch()
+
+    def storage_for(self, fresh: _SourceStorage, x: torch.Tensor) -> _SourceStorage:
+        """The storage to use instead of `fresh`, about to receive its first source `x`: the previous step's,
+        restarted, when it fits; else `fresh`, kept for the next step when it routes one token."""
+        if self.storage is not None and self.storage.fits(fresh, x):
+            self.storage.restart(fresh.queries)
+            return self.storage
+        if fresh.routes_one_token(x):
+            self.storage = fresh
+        return fresh
+
+
+def decoding_scratch(cache) -> DecodingScratch | None:
+    """The `DecodingScratch` of the generation that the KV cache `cache` (or None) serves."""
+    if cache is None:
+        return None
+    if not isinstance(getattr(cache, "delta_qwen3_routing", None), DecodingScratch):
+        cache.delta_qwen3_routing = DecodingScratch()
+    return cache.delta_qwen3_routing
 
 
 class _AppendSource(torch.autograd.Function):

@@ -31,6 +31,7 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 # Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
 # file imports itself: so it imports every module of the package, including the one only `routing.py` uses.
 from .depth_mix import SourceBuffer  # noqa: F401
+from .depth_mix import decoding_scratch
 from .routing import DEPTH_STATES, DepthState, RoutingPoint
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
@@ -222,7 +223,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         layers = self.layers[: self.config.num_hidden_layers]
         points = [point for layer in layers for point in (layer.attn_route, layer.mlp_route) if point is not None]
         points += [self.final_route] if self.final_route is not None else []
-        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config, points)
+        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config, points, decoding_scratch(cache))
         for layer in layers:
             state = layer(
                 state,

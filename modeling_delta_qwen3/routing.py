@@ -19,7 +19,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
-from .depth_mix import SourceBuffer, SourceList, upfront_queries, use_fla
+from .depth_mix import DecodingScratch, SourceBuffer, SourceList, upfront_queries, use_fla
 
 
 class RoutingPoint(nn.Module):
@@ -45,14 +45,21 @@ class DepthState:
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
     """
 
-    def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config, points: list[RoutingPoint]):
-        """`points`: the routing points in the order they run."""
+    def __init__(
+        self,
+        h0: torch.Tensor,
+        config: DeltaQwen3Config,
+        points: list[RoutingPoint],
+        scratch: DecodingScratch | None = None,
+    ):
+        """`points`: the routing points in the order they run; `scratch`: what the generation's previous decoding
+        step left for this one to reuse, if any."""
         self.layers_per_block = config.layers_per_block
         eps = config.rms_norm_eps
         if use_fla(h0):
             self.sources = SourceList(eps)
         else:
-            self.sources = SourceBuffer(eps, self.capacity(config), len(points), upfront_queries(points, h0))
+            self.sources = SourceBuffer(eps, self.capacity(config), len(points), upfront_queries(points, h0), scratch)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
         self.sources.append(h0)
@@ -102,8 +109,8 @@ class DepthState:
 class _AdditiveState(DepthState):
     """Delta modes: the ordinary residual stream is kept and the routed mixture is added to it."""
 
-    def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config, points: list[RoutingPoint]):
-        super().__init__(h0, config, points)
+    def __init__(self, h0, config, points, scratch=None):
+        super().__init__(h0, config, points, scratch)
         self.hidden = h0
 
     def routed_input(self, point):
@@ -127,8 +134,8 @@ class DeltaBlockState(_AdditiveState):
     """`delta_block`: the change of the residual stream over each finished block is a source, visible from the
     next block's first attention sublayer on."""
 
-    def __init__(self, h0, config, points):
-        super().__init__(h0, config, points)
+    def __init__(self, h0, config, points, scratch=None):
+        super().__init__(h0, config, points, scratch)
         self.block_start = h0
 
     @staticmethod
@@ -163,8 +170,8 @@ class AttnResBlockState(DepthState):
     """`attnres_block`: sources are the embedding and finished block sums `B_j`, plus the running partial sum `P`
     of the current block."""
 
-    def __init__(self, h0, config, points):
-        super().__init__(h0, config, points)
+    def __init__(self, h0, config, points, scratch=None):
+        super().__init__(h0, config, points, scratch)
         self.partial: torch.Tensor | None = None
 
     @staticmethod

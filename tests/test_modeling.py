@@ -211,6 +211,32 @@ def test_decoding_step_matches_full_forward(mode, batch):
         torch.testing.assert_close(got, expected[:, -1:], atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_decoding_steps_reuse_the_previous_steps_buffers(mode):
+    """Each decoding step of a generation reuses the buffers the previous step routed in (kept on the KV cache),
+    and still gives the full forward pass's logits, also after the routing parameters change; a deep copy of the
+    cache, as when a prompt's cache is reused for several continuations, starts its own."""
+    model = random_model(mode, gated=mode.startswith("delta"), scale=1.0).double()
+    ids = token_ids(batch=1, seq=9)
+    with torch.no_grad():
+        cache = model(ids[:, :5], use_cache=True).past_key_values
+        storages = []
+        for position in range(5, 9):
+            if position == 7:
+                cache = copy.deepcopy(cache)
+            if position == 8:  # new queries: compared with a step that starts from fresh buffers
+                for name, parameter in model.named_parameters():
+                    if name.endswith("route.query"):
+                        parameter.add_(1.0)
+                expected = model(ids[:, 8:9], past_key_values=copy.deepcopy(cache)).logits
+            else:
+                expected = model(ids[:, : position + 1]).logits[:, -1:]
+            step = model(ids[:, position : position + 1], past_key_values=cache)
+            torch.testing.assert_close(step.logits, expected, atol=1e-9, rtol=0)
+            storages.append(cache.delta_qwen3_routing.storage)
+    assert storages[0] is storages[1] and storages[1] is not storages[2] and storages[2] is storages[3]
+
+
 def _loss_and_grads(model, ids):
     model.zero_grad()
     loss = model(ids, labels=ids).loss
