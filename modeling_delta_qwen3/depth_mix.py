@@ -24,7 +24,8 @@ is written by hand:
   points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one more when
   its gradient is assembled: both read the source while it is in cache, instead of once more at every point that
   reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice.
-  A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`).
+  A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`), and
+  reuses the buffers and views of the generation's previous step (`DecodingScratch`).
 
 `SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
 `sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
@@ -52,7 +53,8 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def inverse_rms(x: torch.Tensor, eps: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """`1 / sqrt(mean(x^2) + eps)` over the last dimension of `x` (in the compute dtype), shape `x.shape[:-1]`;
     `eps` is a 0-dim tensor of `x`'s dtype. Taken from the Euclidean norm: one pass over `x` without a temporary of
-    its size, and a third of the dispatched operations of `x.pow(2).mean(-1)` for a decoding step's single token."""
+    its size, and fewer dispatched operations than `x.pow(2).mean(-1)`, which for one token cost more than the
+    arithmetic."""
     norm = torch.linalg.vector_norm(x, dim=-1)
     return torch.rsqrt(torch.addcmul(eps, norm, norm, value=1 / x.shape[-1]), out=out)
 

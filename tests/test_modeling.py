@@ -197,7 +197,7 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_decoding_step_matches_full_forward(mode, batch):
-    """A decoding step (one position per sequence: per-point logits, and matrix-vector products for a single
+    """A decoding step (one position per sequence: per-point logits, and single-batch products for a single
     sequence) gives the last position's logits and routing weights of a full forward pass."""
     model = random_model(mode, gated=mode.startswith("delta"), scale=1.0).double()
     ids = token_ids(batch=batch, seq=7)
