@@ -61,15 +61,17 @@ def inverse_rms(x: torch.Tensor, eps: torch.Tensor, out: torch.Tensor | None = N
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`, for hidden states like
-    `like`; None when a point's parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
-    DeepSpeed, offloaded, on another device): their values are then known only when the point runs."""
-    queries, norm_weights = [point.query for point in points], [point.norm.weight for point in points]
-    hidden = like.shape[-1]
-    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device == like.device and t.shape == (hidden,)
-               for t in queries + norm_weights):
-        return None
+    `like`; None when the points' parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
+    DeepSpeed, offloaded, on another device): their values are then known only when each point runs."""
+    queries, norm_weights = zip(*(point.query_and_norm_weight() for point in points))
     acc = compute_dtype(like.dtype)
-    return as_dtype(torch.stack(queries), acc) * as_dtype(torch.stack(norm_weights), acc)
+    try:  # checked once on the result rather than per parameter: decoding a token pays for every check
+        w = as_dtype(torch.stack(queries), acc) * as_dtype(torch.stack(norm_weights), acc)
+    except RuntimeError:  # parameters on different devices, or of different sizes
+        return None
+    if type(w) is not torch.Tensor or w.device != like.device or w.shape[1:] != like.shape[-1:]:
+        return None
+    return w
 
 
 def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
@@ -150,7 +152,8 @@ class SourceBuffer:
         read by this point only; also returns the routing weights `[tokens, n_sources]`."""
         gate = point.gate if residual is not None else None
         if torch.is_grad_enabled():
-            return _Route.apply(self.storage, self.token, residual, gate, point.query, point.norm.weight, extra, point)
+            query, norm_weight = point.query_and_norm_weight()
+            return _Route.apply(self.storage, self.token, residual, gate, query, norm_weight, extra, point)
         if self.storage.one_token and extra is None:
             return self.storage.mix_one_token(residual, gate, point)
         return self.storage.mix(residual, gate, point, extra)[:2]
@@ -249,7 +252,8 @@ class _SourceStorage:
         Shaped `[D]`, or `[1, 1, D]` for `mix_one_token`."""
         if self._query_rows is not None:
             return self._query_rows[p]
-        w = as_dtype(point.query, self.acc) * as_dtype(point.norm.weight, self.acc)
+        query, norm_weight = point.query_and_norm_weight()
+        w = as_dtype(query, self.acc) * as_dtype(norm_weight, self.acc)
         return w.view(1, 1, -1) if self.one_token else w
 
     def _allocate(self, x: torch.Tensor) -> None:
@@ -462,7 +466,7 @@ class SourceList:
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
         tensors = self.tensors if extra is None else [*self.tensors, extra]
         gate = point.gate if residual is not None else None
-        return fla_depth_mix(tensors, point.query, point.norm.weight, self.eps, residual=residual, gate=gate)
+        return fla_depth_mix(tensors, *point.query_and_norm_weight(), self.eps, residual=residual, gate=gate)
 
     def to(self, *args, **kwargs) -> "SourceList":
         self.tensors = [t.to(*args, **kwargs) for t in self.tensors]

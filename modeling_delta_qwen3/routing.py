@@ -32,6 +32,16 @@ class RoutingPoint(nn.Module):
         self.norm = Qwen3RMSNorm(hidden_size, eps=eps)
         self.gate = nn.Parameter(torch.zeros(())) if gated else None
 
+    def query_and_norm_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`q_p` and `g_p`, read from the modules' parameter registries: `self.query` goes through
+        `nn.Module.__getattr__`, slow enough that two or three reads per point count in decoding a token. Falls back
+        to attribute access where a wrapper has swapped a parameter for a plain tensor (FSDP1 without
+        `use_orig_params`)."""
+        query, norm_weight = self._parameters.get("query"), self._modules["norm"]._parameters.get("weight")
+        if query is None or norm_weight is None:
+            return self.query, self.norm.weight
+        return query, norm_weight
+
 
 def _blocks_formed(config: DeltaQwen3Config) -> int:
     """How many blocks the layers form: fewer than `routing_num_blocks` when `layers_per_block` is rounded up."""

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCa
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
 from modeling_delta_qwen3 import depth_mix
 from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_queries
+from modeling_delta_qwen3.routing import RoutingPoint
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
 # (mode, gated): every mode, and the gate where it exists.
@@ -147,6 +148,11 @@ def test_ungated_zero_init_adds_the_mean_of_the_sources():
     assert differences["delta_block"] > 1e-2
 
 
+def point(query: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor | None = None) -> SimpleNamespace:
+    """A routing point over given tensors: a `RoutingPoint` holds parameters, which gradcheck cannot vary."""
+    return SimpleNamespace(query_and_norm_weight=lambda: (query, norm_weight), gate=gate)
+
+
 @pytest.mark.parametrize("upfront", [False, True])
 @pytest.mark.parametrize("gated", [False, True])
 def test_routing_gradients_match_finite_differences(gated, upfront):
@@ -157,9 +163,6 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
-
-    def point(query, norm_weight, gate=None):
-        return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight), gate=gate)
 
     def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, gate):
         points = [point(q0, g0), point(q1, g1), point(q2, g2)]
@@ -181,9 +184,6 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
     """Up front, the points' `q * g` in order, with or without autograd; None for a parameter that is offloaded
     (meta) or partitioned (empty), whose values are known only when its point runs."""
 
-    def point(query, norm_weight):
-        return SimpleNamespace(query=query, norm=SimpleNamespace(weight=norm_weight))
-
     like = torch.zeros(2, 3, 4)
     q, g = torch.randn(2, 4), torch.randn(2, 4)
     points = [point(q[0], g[0]), point(q[1], g[1])]
@@ -192,6 +192,20 @@ def test_queries_are_taken_up_front_only_from_whole_local_tensors():
         torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
     for odd in (torch.empty(4, device="meta"), torch.empty(0)):
         assert upfront_queries([*points, point(odd, g[0])], like) is None
+    assert upfront_queries([point(torch.empty(4, device="meta"), torch.empty(4, device="meta"))], like) is None
+    assert upfront_queries([point(torch.empty(0), torch.empty(0))], like) is None
+
+
+def test_a_routing_point_reads_its_parameters_or_the_tensors_a_wrapper_swapped_in():
+    """FSDP1 without `use_orig_params` replaces parameters with plain tensors for the forward pass."""
+    routing_point = RoutingPoint(4, 1e-6, gated=False)
+    query, norm_weight = routing_point.query_and_norm_weight()
+    assert query is routing_point.query and norm_weight is routing_point.norm.weight
+    swapped = torch.randn(4)
+    del routing_point.query
+    routing_point.query = swapped
+    query, norm_weight = routing_point.query_and_norm_weight()
+    assert query is swapped and norm_weight is routing_point.norm.weight
 
 
 @pytest.mark.parametrize("mode", MODES)
