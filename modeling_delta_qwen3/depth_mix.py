@@ -31,6 +31,8 @@ is written by hand:
 `sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
 """
 
+import math
+
 import torch
 
 try:
@@ -154,8 +156,8 @@ class SourceBuffer:
         if torch.is_grad_enabled():
             query, norm_weight = point.query_and_norm_weight()
             return _Route.apply(self.storage, self.token, residual, gate, query, norm_weight, extra, point)
-        if self.storage.one_token and extra is None:
-            return self.storage.mix_one_token(residual, gate, point)
+        if self.storage.one_token:
+            return self.storage.mix_one_token(residual, gate, point, extra)
         return self.storage.mix(residual, gate, point, extra)[:2]
 
     def to(self, *args, **kwargs) -> "SourceBuffer":
@@ -169,12 +171,14 @@ class _SourceStorage:
     """The buffers behind a `SourceBuffer`, shared with the backward passes of its routing points.
 
     The buffers are written through aliases that autograd does not track (`.data`), which do not count as
-    modifying them: routing points save views of the slots written before them, and a slot is never written twice.
+    modifying them: routing points save views of the slots written before them, and under autograd a slot is never
+    written twice.
 
     Logits are taken up front when the queries are known, except in a decoding step (one position per sequence,
     without autograd): a point's few sources then stay in cache from its own logits to its mixture, whereas logits
     up front read all the queries once more per source, after the layer in between has evicted them. The inverse
-    RMS are kept only for a backward pass or for points that compute their own logits."""
+    RMS are kept only for a backward pass or for points that compute their own logits. For one token (see
+    `mix_one_token`) the values are rows of a padded buffer whose norms stand in for the inverse RMS."""
 
     def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None, for_backward: bool):
         self.eps, self.capacity, self.max_points = eps, capacity, max_points
@@ -185,6 +189,8 @@ class _SourceStorage:
         self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
         self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
         self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype, when kept
+        self.padded: torch.Tensor | None = None  # for one token: [capacity, D + pad], the values and sqrt(D eps)
+        self.norms: torch.Tensor | None = None  # for one token: [capacity], the padded rows' norms
         self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), when taken up front
         self.one_token = False  # a single position of a single sequence, without autograd: see `mix_one_token`
         self.store: _BackwardStore | None = None
@@ -194,14 +200,22 @@ class _SourceStorage:
             self._allocate(x)
         slot = self.count
         self._value_slots[slot].copy_(x)
-        x = as_dtype(x, self.acc)
-        r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
-        if self.logits is not None:  # the logits against the points still to run
-            later = slice(self.points, self.max_points)
-            source = x.reshape(-1, x.shape[-1])
-            torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r.view(-1))
+        if self.one_token:
+            self._write_norm(slot)
+        else:
+            x = as_dtype(x, self.acc)
+            r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
+            if self.logits is not None:  # the logits against the points still to run
+                later = slice(self.points, self.max_points)
+                source = x.reshape(-1, x.shape[-1])
+                torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r.view(-1))
         self.first_reader.append(self.points)
         self.count += 1
+
+    def _write_norm(self, slot: int) -> None:
+        """For one token, the norm of slot `slot`'s padded row, `sqrt(|x|^2 + D eps) = sqrt(D) / r`: one operation
+        where the inverse RMS takes three (see `mix_one_token`)."""
+        torch.linalg.vector_norm(self._padded_slots[slot], dim=-1, dtype=self.acc, out=self._norm_slots[slot])
 
     def mix(self, residual, gate, point, extra):
         """A routing point's forward pass over every source written so far; returns the routed tensor, the
@@ -229,15 +243,23 @@ class _SourceStorage:
             out.addcmul_(e, weights[:, n:])
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
-    def mix_one_token(self, residual, gate, point) -> tuple[torch.Tensor, torch.Tensor]:
-        """`mix` without `extra` for a decoding step of one sequence, in products of a single batch over `[1, 1,
-        D]`-shaped operands, the sources' shape: the same values in fewer dispatched operations (no reshaping),
-        which at one token cost more than the arithmetic. Returns the routed tensor and the routing weights."""
+    def mix_one_token(self, residual, gate, point, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mix` for a decoding step of one sequence, in products of a single batch over `[1, 1, D]`-shaped
+        operands, the sources' shape: the same values in fewer dispatched operations (no reshaping), which at one
+        token cost more than the arithmetic. Returns the routed tensor and the routing weights.
+
+        The logits are `sqrt(D) w . x_j / |(x_j, sqrt(D eps))|`, which is `r_j (w . x_j)`: the padded rows' norms
+        cost one operation per source, the factor `sqrt(D)` is in the query rows. `extra` is written into the slot
+        after the sources, which the next source takes."""
         n, p = self.count, self.points
         self.points += 1
-        values, inv_rms = self._prefixes[n]
+        if extra is not None:
+            self._value_slots[n].copy_(extra)
+            self._write_norm(n)
+            n += 1
+        values, norms = self._prefixes[n]
         x = as_dtype(values, self.acc)  # [1, n, D]
-        logits = torch.bmm(self._query(p, point), x.transpose(1, 2)).mul_(inv_rms)
+        logits = torch.bmm(self._query(p, point), x.transpose(1, 2)).div_(norms)
         alpha = torch.softmax(logits, dim=-1)  # [1, 1, n]
         weights = alpha if gate is None else alpha * as_dtype(gate, self.acc)
         if residual is None:
@@ -248,49 +270,61 @@ class _SourceStorage:
 
     def _query(self, p: int, point) -> torch.Tensor:
         """Point `p`'s `w_p = q_p * g_p`: a row of the queries when they are known, else computed here from the
-        point's parameters (only then read: reading a module's parameter is slow enough to count in generation).
-        Shaped `[D]`, or `[1, 1, D]` for `mix_one_token`."""
+        point's parameters. Shaped `[D]`, or `[1, 1, D]` and scaled by `sqrt(D)` for `mix_one_token`."""
         if self._query_rows is not None:
             return self._query_rows[p]
         query, norm_weight = point.query_and_norm_weight()
         w = as_dtype(query, self.acc) * as_dtype(norm_weight, self.acc)
-        return w.view(1, 1, -1) if self.one_token else w
+        return (w * math.sqrt(w.shape[-1])).view(1, 1, -1) if self.one_token else w
 
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
         self._eps = x.new_full((), self.eps, dtype=self.acc)
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
-        decoding = x.shape[-2] == 1 and not self.for_backward
         self.one_token = self.routes_one_token(x)
-        self.values = x.new_empty(self.capacity, tokens, hidden)
-        logits_up_front = self.queries is not None and not decoding
-        if self.for_backward or not logits_up_front:
-            self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
-        if logits_up_front:
-            self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
+        if self.one_token:
+            # Padding of 32 elements keeps the rows 64-byte aligned: the first holds sqrt(D eps), the others zeros.
+            padded = x.new_zeros(self.capacity, hidden + 32)
+            padded[:, hidden] = math.sqrt(hidden * self.eps)
+            self._set_padded(padded)
+            self.norms = x.new_empty(self.capacity, dtype=self.acc)
+        else:
+            decoding = x.shape[-2] == 1 and not self.for_backward
+            logits_up_front = self.queries is not None and not decoding
+            self.values = x.new_empty(self.capacity, tokens, hidden)
+            if self.for_backward or not logits_up_front:
+                self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
+            if logits_up_front:
+                self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
         self._make_views()
+
+    def _set_padded(self, padded: torch.Tensor) -> None:
+        hidden = self.shape[-1]
+        self.padded, self.values = padded, padded[:, :hidden].view(self.capacity, 1, hidden)
 
     def _make_views(self) -> None:
         """The views that writing a source and routing a point index, made once per forward pass (in generation,
         indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
         does not track, the values' and inverse RMS' shaped like the sources; each point's logits and `w_p`,
-        untracked; for one token, `w_p` `[1, 1, D]` and, for each count n of sources, the first n values `[1, n, D]`
-        and inverse RMS `[1, 1, n]`."""
+        untracked; for one token, `sqrt(D) w_p` `[1, 1, D]` and, for each count n of sources, the first n values
+        `[1, n, D]` and norms `[1, 1, n]`."""
         def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
             return None if buffer is None else buffer.data.unbind(0)
 
         self._value_slots = slots(self.values.view(self.capacity, *self.shape))
-        inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
-        self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
         self._queries = None if self.queries is None else self.queries.data
-        queries = self.queries
-        if queries is not None and self.one_token:
-            queries = queries.view(-1, 1, 1, self.shape[-1])
-        self._query_rows = slots(queries)
-        self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
         if self.one_token:
-            values, inv_rms = self.values.data.view(1, self.capacity, -1), self.inv_rms.data.view(1, 1, -1)
-            self._prefixes = [(values[:, :n], inv_rms[:, :, :n]) for n in range(self.capacity + 1)]
+            hidden = self.shape[-1]
+            self._scaled_queries = None if self.queries is None else self._queries * math.sqrt(hidden)
+            self._query_rows = None if self.queries is None else slots(self._scaled_queries.view(-1, 1, 1, hidden))
+            self._padded_slots, self._norm_slots = slots(self.padded), slots(self.norms)
+            values, norms = self.values.data.view(1, self.capacity, hidden), self.norms.view(1, 1, -1)
+            self._prefixes = [(values[:, :n], norms[:, :, :n]) for n in range(self.capacity + 1)]
+        else:
+            inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
+            self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
+            self._query_rows = slots(self._queries)
+            self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
 
     def routes_one_token(self, x: torch.Tensor) -> bool:
         """Whether sources like `x` are routed by `mix_one_token`: one position of one sequence, without autograd."""
@@ -308,10 +342,12 @@ class _SourceStorage:
         )
 
     def restart(self, queries: torch.Tensor | None) -> None:
-        """Empties the storage for another forward pass with these queries, keeping its buffers and views."""
+        """Empties this one-token storage for another forward pass with these queries, keeping its buffers and
+        views."""
         self.count, self.points, self.first_reader = 0, 0, []
         if queries is not None:
-            self.queries.copy_(queries)
+            self.queries = queries
+            torch.mul(queries, math.sqrt(queries.shape[-1]), out=self._scaled_queries)
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
@@ -320,14 +356,17 @@ class _SourceStorage:
         return self.store
 
     def to(self, *args, **kwargs) -> None:
-        if self.values is not None:
+        if self.values is None:
+            return
+        if self.padded is not None:
+            self._set_padded(self.padded.to(*args, **kwargs))
+        else:
             self.values = self.values.to(*args, **kwargs)
-            device = self.values.device
-            self.inv_rms = None if self.inv_rms is None else self.inv_rms.to(device=device)
-            self.logits = None if self.logits is None else self.logits.to(device=device)
-            self.queries = None if self.queries is None else self.queries.to(device=device)
-            self._eps = self._eps.to(device=device)
-            self._make_views()
+        device = self.values.device
+        for name in ("inv_rms", "norms", "logits", "queries", "_eps"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device=device))
+        self._make_views()
 
 
 class DecodingScratch:
