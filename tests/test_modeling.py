@@ -275,6 +275,10 @@ def test_gradient_checkpointing_same_loss_and_gradients(mode, gated, reentrant):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sdpa_and_eager_agree(mode):
+    """Masks and positions reach both attention backends alike. Their float32 rounding differs by ~1e-6, which
+    replacement routing (AttnRes) amplifies through depth to ~1e-5 at these logits (magnitude ~3); a mask or a
+    position handled differently would differ by orders of magnitude more. (In float64 the eager backend turns the
+    left-padded sequence into NaN.)"""
     model = random_model(mode, gated=mode.startswith("delta"))
     ids = token_ids()
     mask = torch.ones_like(ids)
@@ -284,7 +288,7 @@ def test_sdpa_and_eager_agree(mode):
     model.set_attn_implementation("sdpa")
     sdpa = model(ids, attention_mask=mask).logits
     real = mask.bool()  # padded positions attend to nothing; each backend fills them differently
-    torch.testing.assert_close(sdpa[real], eager[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(sdpa[real], eager[real], atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("mode", MODES)
