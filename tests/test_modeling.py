@@ -374,6 +374,17 @@ def test_torch_compile_matches_eager():
         torch.testing.assert_close(param.grad, grads[name], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["delta", "attnres_block"])
+def test_compiled_generation_gives_the_eager_tokens(mode):
+    """Decoding one sequence runs routing's own buffers (kept across steps, a point's extra source in a spare
+    slot) between compiled graphs."""
+    model = random_model(mode, gated=mode.startswith("delta")).eval()
+    ids = token_ids()[:1]
+    eager = model.generate(ids, max_new_tokens=6, do_sample=False)
+    model.forward = torch.compile(model.forward, backend="aot_eager")
+    torch.testing.assert_close(model.generate(ids, max_new_tokens=6, do_sample=False), eager, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_routing_buffers_are_freed_by_reference_counting(monkeypatch, mode):
     """After a training forward, with or without backward, nothing keeps the sources' buffers (or the autograd
