@@ -208,6 +208,37 @@ def test_a_routing_point_reads_its_parameters_or_the_tensors_a_wrapper_swapped_i
     assert query is swapped and norm_weight is routing_point.norm.weight
 
 
+@pytest.mark.parametrize("upfront", [False, True])
+def test_one_token_routing_moved_between_points_routes_as_unmoved(upfront):
+    """A decoding step whose state a device hook moves between layers (`to`, here a forced copy on the same
+    device): the moved buffers stay one padded buffer, so the sources written after the move are routed right."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    sources = rand(4, 1, 1, 8)
+    points = [point(rand(8), rand(8).abs() + 0.5) for _ in range(3)]
+
+    def route(move: bool) -> list[torch.Tensor]:
+        with torch.no_grad():
+            buffer = SourceBuffer(1e-6, capacity=4, max_points=3,
+                                  queries=upfront_queries(points, sources[0]) if upfront else None)
+            buffer.append(sources[0])
+            buffer.append(sources[1])
+            outs = [buffer.route(points[0], residual=sources[3])[0]]
+            if move:
+                buffer = buffer.to("cpu", copy=True)
+            buffer.append(sources[2])
+            outs.append(buffer.route(points[1], residual=sources[3])[0])
+            outs.append(buffer.route(points[2], extra=sources[3])[0])
+        return outs
+
+    moved, unmoved = route(move=True), route(move=False)
+    for a, b in zip(moved, unmoved):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_decoding_step_matches_full_forward(mode, batch):
