@@ -193,16 +193,17 @@ class _SourceStorage:
         self.norms: torch.Tensor | None = None  # for one token: [capacity], the padded rows' norms
         self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), when taken up front
         self.one_token = False  # a single position of a single sequence, without autograd: see `mix_one_token`
+        self._eps: torch.Tensor | None = None  # eps as a tensor for `inverse_rms` (one token: in the padded rows)
         self.store: _BackwardStore | None = None
 
     def write(self, x: torch.Tensor) -> None:
         if self.values is None:
             self._allocate(x)
         slot = self.count
-        self._value_slots[slot].copy_(x)
         if self.one_token:
-            self._write_norm(slot)
+            self._write_padded(slot, x)
         else:
+            self._value_slots[slot].copy_(x)
             x = as_dtype(x, self.acc)
             r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
             if self.logits is not None:  # the logits against the points still to run
@@ -212,9 +213,10 @@ class _SourceStorage:
         self.first_reader.append(self.points)
         self.count += 1
 
-    def _write_norm(self, slot: int) -> None:
-        """For one token, the norm of slot `slot`'s padded row, `sqrt(|x|^2 + D eps) = sqrt(D) / r`: one operation
-        where the inverse RMS takes three (see `mix_one_token`)."""
+    def _write_padded(self, slot: int, x: torch.Tensor) -> None:
+        """For one token, `x` into slot `slot` and the norm of its padded row, `sqrt(|x|^2 + D eps) = sqrt(D) / r`:
+        one operation where the inverse RMS takes three (see `mix_one_token`)."""
+        self._value_slots[slot].copy_(x)
         torch.linalg.vector_norm(self._padded_slots[slot], dim=-1, dtype=self.acc, out=self._norm_slots[slot])
 
     def mix(self, residual, gate, point, extra):
@@ -255,8 +257,7 @@ class _SourceStorage:
         n, p = self.count, self.points
         self.points += 1
         if extra is not None:
-            self._value_slots[n].copy_(extra)
-            self._write_norm(n)
+            self._write_padded(n, extra)
             n += 1
         values, norms = self._prefixes[n]
         x = as_dtype(values, self.acc)  # [1, n, D]
@@ -280,7 +281,6 @@ class _SourceStorage:
 
     def _allocate(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
-        self._eps = x.new_full((), self.eps, dtype=self.acc)
         tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
         self.one_token = self.routes_one_token(x)
         if self.one_token:
@@ -290,6 +290,7 @@ class _SourceStorage:
             self._set_padded(padded)
             self.norms = x.new_empty(self.capacity, dtype=self.acc)
         else:
+            self._eps = x.new_full((), self.eps, dtype=self.acc)
             decoding = x.shape[-2] == 1 and not self.for_backward
             logits_up_front = self.queries is not None and not decoding
             self.values = x.new_empty(self.capacity, tokens, hidden)
