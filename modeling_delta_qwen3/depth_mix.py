@@ -81,39 +81,42 @@ def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torc
     return grad.addcmul_(x, (inv_rms_grad * inv_rms.pow(3) / -x.shape[-1]).unsqueeze(-1))
 
 
-def _weighted_sum(x: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """`residual + sum_j weights[:, j:j+1] * x[j]` for sources `x` `[n, tokens, D]` and weights `[tokens, n]`."""
-    n, tokens, hidden = x.shape
-    if tokens == 1:  # decoding one token: a matrix product, cheaper than a batched one on CPU
-        x = x.view(n, hidden)
-        return weights @ x if residual is None else torch.addmm(residual, weights, x)
-    if n == 1:  # a batched product with a single term takes a slow path on CPU
-        return x[0] * weights if residual is None else torch.addcmul(residual, x[0], weights)
+def _weighted_sum(x_by_token: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """`residual + sum_j weights[:, :, j] * x_by_token[:, j]` for sources `[tokens, n, D]`, weights `[tokens, 1, n]`
+    and a residual `[tokens, 1, D]`: one batched product per token, whose output is shaped like the residual."""
+    if x_by_token.shape[1] == 1:  # a batched product with a single term takes a slow path on CPU
+        return x_by_token * weights if residual is None else torch.addcmul(residual, x_by_token, weights)
     if residual is None:
-        return torch.bmm(weights.unsqueeze(1), x.transpose(0, 1)).squeeze(1)
-    return torch.baddbmm(residual.unsqueeze(1), weights.unsqueeze(1), x.transpose(0, 1)).squeeze(1)
+        return torch.bmm(weights, x_by_token)
+    return torch.baddbmm(residual, weights, x_by_token)
 
 
 class _BackwardStore:
-    """What each routing point's backward pass leaves for its sources' gradients: its output gradient `G_p`, its
-    `w_p`, and per-token coefficients indexed `[point, source, token]`, so that each point writes its own in one
-    contiguous block. A point that received no gradient wrote nothing: its rows are zeroed when first read (not at
-    allocation: on CPU, zeroing buffers this size costs as much as routing)."""
+    """What each routing point's backward pass leaves for its sources' gradients: its output gradient `G_p`, per
+    source and token its coefficient `gamma_p alpha_pj` and its logit gradient `dL/dl_pj` (indexed `[point, source,
+    token]`, so that each point writes one contiguous block), and its `w_p` when the queries were not known up front.
+    A point that received no gradient wrote nothing: its rows are zeroed when first read (not at allocation: on CPU,
+    zeroing buffers this size costs as much as routing)."""
 
-    def __init__(self, points: int, capacity: int, tokens: int, hidden: int, like: torch.Tensor, acc: torch.dtype):
+    def __init__(self, points: int, capacity: int, tokens: int, hidden: int, like: torch.Tensor, acc: torch.dtype,
+                 queries_known: bool):
         self.received = [False] * points
         self.grad_out = like.new_empty(points, tokens, hidden)  # G_p, in the model's dtype
-        self.weights = like.new_empty(points, capacity, tokens, dtype=acc)  # gamma_p alpha_pj
-        self.score_grads = like.new_empty(points, capacity, tokens, dtype=acc)  # dL/ds_pj
-        self.inv_rms_grads = like.new_empty(points, capacity, tokens, dtype=acc)  # dL/dr_j through point p
-        self.w = like.new_empty(points, hidden, dtype=acc)  # w_p = q_p * g_p
+        self.weights = like.new_empty(points, capacity, tokens, dtype=acc)
+        self.logit_grads = like.new_empty(points, capacity, tokens, dtype=acc)
+        self.w = None if queries_known else like.new_empty(points, hidden, dtype=acc)
+        # Each point's rows, made once: indexing costs a dispatched operation per point.
+        self.grad_out_rows, self.weight_rows, self.logit_grad_rows = (
+            buffer.unbind(0) for buffer in (self.grad_out, self.weights, self.logit_grads)
+        )
 
     def zero_missing(self, points: slice) -> None:
         """Zeroes what the points in `points` that received no gradient would have written."""
         for p in range(points.start, points.stop):
             if not self.received[p]:
-                for buffer in (self.grad_out, self.weights, self.score_grads, self.inv_rms_grads, self.w):
-                    buffer[p].zero_()
+                for buffer in (self.grad_out, self.weights, self.logit_grads, self.w):
+                    if buffer is not None:
+                        buffer[p].zero_()
                 self.received[p] = True
 
 
@@ -158,7 +161,8 @@ class SourceBuffer:
             return _Route.apply(self.storage, self.token, residual, gate, query, norm_weight, extra, point)
         if self.storage.one_token:
             return self.storage.mix_one_token(residual, gate, point, extra)
-        return self.storage.mix(residual, gate, point, extra)[:2]
+        routed, alpha = self.storage.mix(residual, gate, point, extra)[:2]
+        return routed, alpha.T
 
     def to(self, *args, **kwargs) -> "SourceBuffer":
         """Moves the buffers to another device in place and returns `self`: points already evaluated hold the
@@ -191,9 +195,11 @@ class _SourceStorage:
         self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype, when kept
         self.padded: torch.Tensor | None = None  # for one token: [capacity, D + pad], the values and sqrt(D eps)
         self.norms: torch.Tensor | None = None  # for one token: [capacity], the padded rows' norms
-        self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), when taken up front
+        self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), when kept
+        self.logits_up_front = False  # whether a source's logits are taken when it is written
         self.one_token = False  # a single position of a single sequence, without autograd: see `mix_one_token`
         self._eps: torch.Tensor | None = None  # eps as a tensor for `inverse_rms` (one token: in the padded rows)
+        self._weight_scratch: torch.Tensor | None = None  # see `_weights`
         self.store: _BackwardStore | None = None
 
     def write(self, x: torch.Tensor) -> None:
@@ -206,7 +212,7 @@ class _SourceStorage:
             self._value_slots[slot].copy_(x)
             x = as_dtype(x, self.acc)
             r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
-            if self.logits is not None:  # the logits against the points still to run
+            if self.logits_up_front:  # the logits against the points still to run
                 later = slice(self.points, self.max_points)
                 source = x.reshape(-1, x.shape[-1])
                 torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r.view(-1))
@@ -221,8 +227,8 @@ class _SourceStorage:
 
     def mix(self, residual, gate, point, extra):
         """A routing point's forward pass over every source written so far; returns the routed tensor, the
-        routing weights `[tokens, sources]` (a transposed view), and the logits `r_j (x_j . w)` and inverse RMS
-        `r_j` `[sources, tokens]` that its backward pass needs."""
+        routing weights `[sources, tokens]`, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources,
+        tokens]` that its backward pass needs."""
         n, p = self.count, self.points
         self.points += 1
         values = self.values[:n]
@@ -230,8 +236,11 @@ class _SourceStorage:
         acc = self.acc
         x = as_dtype(values, acc)
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
-        w = self._query(p, point).view(hidden) if self.logits is None or extra is not None else None
-        logits = (x @ w).mul_(inv_rms) if self.logits is None else self._logits_by_point[p][:n]
+        w = self._query(p, point) if not self.logits_up_front or extra is not None else None
+        if self.logits_up_front:
+            logits = self._logits_by_point[p][:n]
+        else:  # into the logits buffer when there is one, for the backward pass
+            logits = torch.mul(x @ w, inv_rms, out=None if self.logits is None else self._logits_by_point[p][:n])
         if extra is not None:
             e = as_dtype(extra.reshape(tokens, hidden), acc)
             extra_inv_rms = inverse_rms(e, self._eps)[None]
@@ -239,12 +248,26 @@ class _SourceStorage:
             inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
         # Softmax along the tokens' contiguous axis, many times faster than along a short last axis of sources.
         alpha = torch.softmax(logits, dim=0)  # [sources, tokens]
-        weights = (alpha if gate is None else alpha * as_dtype(gate, acc)).T.contiguous()  # [tokens, sources]
-        residual = None if residual is None else as_dtype(residual.reshape(tokens, hidden), acc)
-        out = _weighted_sum(x, weights if extra is None else weights[:, :n], residual)
+        weights, weights_by_token = self._weights(alpha.shape[0])
+        if gate is None:
+            weights.copy_(alpha)
+        else:
+            torch.mul(alpha, as_dtype(gate, acc), out=weights)
+        residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), acc)
+        out = _weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
         if extra is not None:
-            out.addcmul_(e, weights[:, n:])
-        return as_dtype(out.view(self.shape), self.dtype), alpha.T, logits, inv_rms
+            out.addcmul_(e[:, None], weights_by_token[:, :, n:])
+        return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
+
+    def _weights(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reused buffer for the mixture's weights, as written `[sources, tokens]` and as read `[tokens, 1,
+        sources]`: contiguous for the batched product, whose per-token weights make it 15-25x slower on CPU when
+        strided."""
+        if sources not in self._weight_buffers:
+            tokens = self.shape[:-1].numel()
+            by_token = self._weight_scratch[: tokens * sources].view(tokens, 1, sources)
+            self._weight_buffers[sources] = by_token.view(tokens, sources).T, by_token
+        return self._weight_buffers[sources]
 
     def mix_one_token(self, residual, gate, point, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`mix` for a decoding step of one sequence, in products of a single batch over `[1, 1, D]`-shaped
@@ -292,12 +315,13 @@ class _SourceStorage:
         else:
             self._eps = x.new_full((), self.eps, dtype=self.acc)
             decoding = x.shape[-2] == 1 and not self.for_backward
-            logits_up_front = self.queries is not None and not decoding
+            self.logits_up_front = self.queries is not None and not decoding
             self.values = x.new_empty(self.capacity, tokens, hidden)
-            if self.for_backward or not logits_up_front:
+            if self.for_backward or not self.logits_up_front:
                 self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
-            if logits_up_front:
+            if self.for_backward or self.logits_up_front:
                 self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
+            self._weight_scratch = x.new_empty(tokens * (self.capacity + 1), dtype=self.acc)
         self._make_views()
 
     def _set_padded(self, padded: torch.Tensor) -> None:
@@ -326,7 +350,8 @@ class _SourceStorage:
             inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
             self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
             self._query_rows = slots(self._queries)
-            self._logits_by_point = None if self.logits is None else self.logits.unbind(1)
+            self._logits_by_point = None if self.logits is None else self.logits.data.unbind(1)
+            self._weight_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def routes_one_token(self, x: torch.Tensor) -> bool:
         """Whether sources like `x` are routed by `mix_one_token`: one position of one sequence, without autograd."""
@@ -354,7 +379,9 @@ class _SourceStorage:
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
             _, tokens, hidden = self.values.shape
-            self.store = _BackwardStore(self.max_points, self.capacity, tokens, hidden, self.values, self.inv_rms.dtype)
+            self.store = _BackwardStore(
+                self.max_points, self.capacity, tokens, hidden, self.values, self.acc, self.queries is not None
+            )
         return self.store
 
     def to(self, *args, **kwargs) -> None:
@@ -365,7 +392,7 @@ class _SourceStorage:
         else:
             self.values = self.values.to(*args, **kwargs)
         device = self.values.device
-        for name in ("inv_rms", "norms", "logits", "queries", "_eps"):
+        for name in ("inv_rms", "norms", "logits", "queries", "_eps", "_weight_scratch"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).to(device=device))
         self._make_views()
@@ -405,6 +432,7 @@ def decoding_scratch(cache) -> DecodingScratch | None:
 class _AppendSource(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None, queries) -> torch.Tensor:
+        ctx.set_materialize_grads(False)
         sources.write(x)
         ctx.sources, ctx.slot, ctx.shape, ctx.dtype = sources, sources.count - 1, x.shape, x.dtype
         ctx.save_for_backward(sources.values[ctx.slot])
@@ -412,6 +440,9 @@ class _AppendSource(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _grad_token):
+        """Source j's gradient from every point p that read it, in a few products over the points:
+        `sum_p gamma_p alpha_pj G_p + r_j (dL/dl_pj) w_p`, plus the part through `r_j`, with `dL/dr_j = sum_p
+        (dL/dl_pj) s_pj` for the scores `s_pj = x_j . w_p = l_pj / r_j`."""
         sources, j = ctx.sources, ctx.slot
         readers = slice(sources.first_reader[j], sources.points)
         if sources.store is None or readers.start == readers.stop:
@@ -422,66 +453,81 @@ class _AppendSource(torch.autograd.Function):
         coefficients = store.weights[readers, j].T.contiguous().unsqueeze(1).to(device)  # [tokens, 1, points]
         grad_outs = store.grad_out[readers].transpose(0, 1).to(device, coefficients.dtype)  # [tokens, points, D]
         grad = torch.bmm(coefficients, grad_outs).squeeze(1)
-        grad.addmm_(store.score_grads[readers, j].T.to(device), store.w[readers].to(device))
-        inv_rms_grad = store.inv_rms_grads[readers, j].sum(0).to(device)
+        inv_rms = sources.inv_rms[j].to(device)
+        logit_grads = store.logit_grads[readers, j].to(device)  # [points, tokens]
+        score_grads = logit_grads * inv_rms
+        w = (sources.queries if store.w is None else store.w)[readers].to(device)
+        grad.addmm_(score_grads.T, w)
+        inv_rms_grad = (logit_grads * sources.logits[j, readers].to(device)).sum(0).div_(inv_rms)
         x = x.to(grad.dtype)
-        _add_inverse_rms_gradient(grad, x, sources.inv_rms[j].to(device), inv_rms_grad)
+        _add_inverse_rms_gradient(grad, x, inv_rms, inv_rms_grad)
         grad_queries = None
         if ctx.needs_input_grad[3]:  # this source's part of dL/dw_p, for the points that read it
             grad_queries = sources.queries.new_zeros(sources.queries.shape)
-            grad_queries[readers] = store.score_grads[readers, j].to(device) @ x
+            grad_queries[readers] = score_grads @ x
         return None, grad.view(ctx.shape).to(ctx.dtype), None, grad_queries
 
 
 class _Route(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra, point):
+        ctx.set_materialize_grads(False)
         ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, sources.points, residual is not None
         routed, alpha, logits, inv_rms = sources.mix(residual, gate, point, extra)
-        ctx.save_for_backward(sources.values[: ctx.n], inv_rms, logits, alpha, gate, query, norm_weight, extra)
-        ctx.mark_non_differentiable(alpha)
-        return routed, alpha
+        # The logits through a fresh alias: later points write their own logits into the same buffer.
+        ctx.save_for_backward(sources.values[: ctx.n], alpha, gate, extra, logits.data, inv_rms, query, norm_weight)
+        weights = alpha.T
+        ctx.mark_non_differentiable(weights)
+        return routed, weights
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_alpha):
+    def backward(ctx, grad_out, _grad_weights):
+        """Point p's own gradients (its gate, its `w_p` unless known up front, `extra`, the residual), and what its
+        sources' gradients need from it, left in the backward store (see `_AppendSource.backward`)."""
+        if grad_out is None:  # the routed output did not reach the loss
+            return (None,) * 8
         sources, n, p = ctx.sources, ctx.n, ctx.p
-        values, inv_rms, logits, alpha, gate, query, norm_weight, extra = ctx.saved_tensors
+        values, alpha, gate, extra, logits, inv_rms, query, norm_weight = ctx.saved_tensors
         _, tokens, hidden = values.shape
         acc = alpha.dtype
-        alpha = alpha.T  # [sources, tokens], as the logits: sums over sources run along the contiguous axis
-        x = values.to(acc)
-        grad = grad_out.reshape(tokens, hidden)
-        grad_acc = grad.to(acc)
-        dots = torch.bmm(grad_acc[:, None, :], x.permute(1, 2, 0)).view(tokens, n).T  # x_j . G: [n, tokens]
+        grad = grad_out.reshape(tokens, 1, hidden)
+        grad_acc = as_dtype(grad, acc)
+        dots = torch.bmm(grad_acc, as_dtype(values, acc).permute(1, 2, 0)).view(tokens, n).T  # x_j . G: [n, tokens]
         if extra is not None:
-            e = extra.reshape(tokens, hidden).to(acc)
-            dots = torch.cat([dots, (e * grad_acc).sum(-1)[None]])
+            e = as_dtype(extra.reshape(tokens, hidden), acc)
+            dots = torch.cat([dots, (e * grad_acc.view(tokens, hidden)).sum(-1)[None]])
+        # dL/dgamma = sum_j alpha_j d_j and dL/dl_j = gamma alpha_j (d_j - sum_k alpha_k d_k), with d_j = x_j . G
+        weighted_dots = alpha * dots
+        per_token = weighted_dots.sum(0)
+        logit_grads = torch.addcmul(weighted_dots, alpha, per_token, value=-1)
         grad_gate = None
-        if gate is not None and ctx.needs_input_grad[3]:
-            grad_gate = (alpha * dots).sum().to(gate.dtype).reshape(gate.shape)
-        weights = alpha if gate is None else alpha * gate.to(acc)
-        grad_alpha = dots if gate is None else dots * gate.to(acc)
-        grad_logits = alpha * (grad_alpha - (alpha * grad_alpha).sum(0))
-        grad_scores = grad_logits * inv_rms
-        grad_inv_rms = grad_logits * (logits / inv_rms)  # the scores x_j . w
-        grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
-        if sources.queries is None:
-            grad_w = x.view(n * tokens, hidden).T @ grad_scores[:n].reshape(n * tokens)
-        w = query.to(acc) * norm_weight.to(acc)
+        if gate is not None:
+            if ctx.needs_input_grad[3]:
+                grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
+            logit_grads.mul_(as_dtype(gate, acc))
 
         store = sources.backward_store()
-        store.grad_out[p] = grad
         store.received[p] = True
-        store.weights[p, :n] = weights[:n]
-        store.score_grads[p, :n] = grad_scores[:n]
-        store.inv_rms_grads[p, :n] = grad_inv_rms[:n]
-        store.w[p] = w
+        store.grad_out_rows[p].copy_(grad.view(tokens, hidden))
+        if gate is None:
+            store.weight_rows[p][:n].copy_(alpha[:n])
+        else:
+            torch.mul(alpha[:n], as_dtype(gate, acc), out=store.weight_rows[p][:n])
+        store.logit_grad_rows[p][:n].copy_(logit_grads[:n])
 
+        grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
+        if store.w is not None or extra is not None:
+            score_grads = logit_grads * inv_rms  # dL/ds_j = r_j dL/dl_j
+            w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
+        if store.w is not None:
+            store.w[p] = w
+            grad_w = values.view(n * tokens, hidden).T.to(acc) @ score_grads[:n].reshape(n * tokens)
         grad_extra = None
         if extra is not None:
-            grad_w = e.T @ grad_scores[n] if grad_w is None else grad_w.addmv_(e.T, grad_scores[n])
-            grad_extra = torch.addcmul(grad_scores[n, :, None] * w, grad_acc, weights[n, :, None])
-            _add_inverse_rms_gradient(grad_extra, e, inv_rms[n], grad_inv_rms[n])
+            grad_w = e.T @ score_grads[n] if grad_w is None else grad_w.addmv_(e.T, score_grads[n])
+            extra_weight = (alpha[n] if gate is None else alpha[n] * as_dtype(gate, acc))[:, None]
+            grad_extra = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), extra_weight)
+            _add_inverse_rms_gradient(grad_extra, e, inv_rms[n], logit_grads[n] * logits[n] / inv_rms[n])
             grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
         return (
             None,
