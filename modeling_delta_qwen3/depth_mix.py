@@ -500,20 +500,21 @@ class _Route(torch.autograd.Function):
         weighted_dots = alpha * dots
         per_token = weighted_dots.sum(0)
         logit_grads = torch.addcmul(weighted_dots, alpha, per_token, value=-1)
-        grad_gate = None
+        weights, grad_gate = alpha, None
         if gate is not None:
             if ctx.needs_input_grad[3]:
                 grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
-            logit_grads.mul_(as_dtype(gate, acc))
+            gate = as_dtype(gate, acc)
+            logit_grads.mul_(gate)
+            weights = alpha * gate
 
+        # Copied, not computed into the store: it is on the last point's device, which may not be this point's.
+        # Its rows for this point have room for `extra`'s, which are never read there.
         store = sources.backward_store()
         store.received[p] = True
         store.grad_out_rows[p].copy_(grad.view(tokens, hidden))
-        if gate is None:
-            store.weight_rows[p][:n].copy_(alpha[:n])
-        else:
-            torch.mul(alpha[:n], as_dtype(gate, acc), out=store.weight_rows[p][:n])
-        store.logit_grad_rows[p][:n].copy_(logit_grads[:n])
+        store.weight_rows[p][: len(alpha)].copy_(weights)
+        store.logit_grad_rows[p][: len(alpha)].copy_(logit_grads)
 
         grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
         if store.w is not None or extra is not None:
@@ -525,8 +526,7 @@ class _Route(torch.autograd.Function):
         grad_extra = None
         if extra is not None:
             grad_w = e.T @ score_grads[n] if grad_w is None else grad_w.addmv_(e.T, score_grads[n])
-            extra_weight = (alpha[n] if gate is None else alpha[n] * as_dtype(gate, acc))[:, None]
-            grad_extra = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), extra_weight)
+            grad_extra = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), weights[n, :, None])
             _add_inverse_rms_gradient(grad_extra, e, inv_rms[n], logit_grads[n] * logits[n] / inv_rms[n])
             grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
         return (
