@@ -76,6 +76,25 @@ def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     return w
 
 
+def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
+    """`gamma_p` of every routing point in order, `[points]`, for a forward pass with autograd: each point's gate
+    gradient can then be taken with its sources' gradients (see `_deferred_point_backward`). None without autograd,
+    when a point has no gate, or when the gates are not whole ordinary tensors on `like`'s device (see
+    `upfront_queries`)."""
+    if not torch.is_grad_enabled():
+        return None
+    gates = [point.gate for point in points]
+    if any(gate is None for gate in gates):
+        return None
+    try:
+        stacked = torch.stack(gates)
+    except RuntimeError:  # gates on different devices, or of different sizes
+        return None
+    if type(stacked) is not torch.Tensor or stacked.device != like.device or stacked.shape != (len(points),):
+        return None
+    return stacked
+
+
 def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
     """Adds to a source's gradient the part that flows through its `r = 1 / RMS(x)`: `dr/dx = -r^3 x / D`."""
     return grad.addcmul_(x, (inv_rms_grad * inv_rms.pow(3) / -x.shape[-1]).unsqueeze(-1))
@@ -123,7 +142,8 @@ class _BackwardStore:
 class SourceBuffer:
     """The sources of one forward pass, each copied once into a `[capacity, tokens, D]` buffer, and routing over
     them (see the module docstring). `max_points` is the number of routing points the forward pass evaluates at
-    most; `queries`, when known, their `w_p` in the order they run (`upfront_queries`)."""
+    most; `queries`, when known, their `w_p` in the order they run (`upfront_queries`), and `gates` their gates
+    (`upfront_gates`)."""
 
     def __init__(
         self,
@@ -132,8 +152,9 @@ class SourceBuffer:
         max_points: int,
         queries: torch.Tensor | None = None,
         scratch: "DecodingScratch | None" = None,
+        gates: torch.Tensor | None = None,
     ):
-        self.storage = _SourceStorage(eps, capacity, max_points, queries, for_backward=torch.is_grad_enabled())
+        self.storage = _SourceStorage(eps, capacity, max_points, queries, torch.is_grad_enabled(), gates)
         self.scratch = scratch  # consulted at the first source, when the shapes are known
         # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
@@ -145,7 +166,7 @@ class SourceBuffer:
     @torch.compiler.disable
     def append(self, x: torch.Tensor) -> None:
         if torch.is_grad_enabled():
-            self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries)
+            self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
         else:
             if self.scratch is not None:
                 self.storage, self.scratch = self.scratch.storage_for(self.storage, x), None
@@ -184,9 +205,19 @@ class _SourceStorage:
     RMS are kept only for a backward pass or for points that compute their own logits. For one token (see
     `mix_one_token`) the values are rows of a padded buffer whose norms stand in for the inverse RMS."""
 
-    def __init__(self, eps: float, capacity: int, max_points: int, queries: torch.Tensor | None, for_backward: bool):
+    def __init__(
+        self,
+        eps: float,
+        capacity: int,
+        max_points: int,
+        queries: torch.Tensor | None,
+        for_backward: bool,
+        gates: torch.Tensor | None = None,
+    ):
         self.eps, self.capacity, self.max_points = eps, capacity, max_points
         self.queries = queries  # [points, D] or None, see `upfront_queries`
+        self.gates = gates  # [points] or None, see `upfront_gates`
+        self.deferred: list[bool] = []  # per point, whether its backward pass is left to its newest source
         self.for_backward = for_backward
         self.count = 0  # sources written
         self.points = 0  # routing points evaluated
@@ -429,9 +460,21 @@ def decoding_scratch(cache) -> DecodingScratch | None:
     return cache.delta_qwen3_routing
 
 
+def _mixture_backward(alpha: torch.Tensor, dots: torch.Tensor, gate: torch.Tensor | None, sources_dim: int):
+    """With `d_j = x_j . G`, the dot products of a point's sources with its output gradient: its logits' gradients
+    `dL/dl_j = gamma alpha_j (d_j - sum_k alpha_k d_k)`, its coefficients `gamma alpha_j`, and per token `sum_j
+    alpha_j d_j`, whose sum is its gate's gradient. `gate`, if any, broadcasts against `alpha`."""
+    weighted_dots = alpha * dots
+    per_token = weighted_dots.sum(sources_dim, keepdim=True)
+    logit_grads = torch.addcmul(weighted_dots, alpha, per_token, value=-1)
+    if gate is None:
+        return logit_grads, alpha, per_token
+    return logit_grads.mul_(gate), alpha * gate, per_token
+
+
 class _AppendSource(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None, queries) -> torch.Tensor:
+    def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None, queries, gates):
         ctx.set_materialize_grads(False)
         sources.write(x)
         ctx.sources, ctx.slot, ctx.shape, ctx.dtype = sources, sources.count - 1, x.shape, x.dtype
@@ -442,14 +485,16 @@ class _AppendSource(torch.autograd.Function):
     def backward(ctx, _grad_token):
         """Source j's gradient from every point p that read it, in a few products over the points:
         `sum_p gamma_p alpha_pj G_p + r_j (dL/dl_pj) w_p`, plus the part through `r_j`, with `dL/dr_j = sum_p
-        (dL/dl_pj) s_pj` for the scores `s_pj = x_j . w_p = l_pj / r_j`."""
+        (dL/dl_pj) s_pj` for the scores `s_pj = x_j . w_p = l_pj / r_j`; first, the backward passes that the
+        points reading j as their newest source left to it."""
         sources, j = ctx.sources, ctx.slot
         readers = slice(sources.first_reader[j], sources.points)
         if sources.store is None or readers.start == readers.stop:
-            return None, None, None, None
+            return None, None, None, None, None
         (x,) = ctx.saved_tensors
         store, device = sources.store, x.device  # the store is on the last point's device
         store.zero_missing(readers)
+        grad_gates = _deferred_point_backward(sources, j)
         coefficients = store.weights[readers, j].T.contiguous().unsqueeze(1).to(device)  # [tokens, 1, points]
         grad_outs = store.grad_out[readers].transpose(0, 1).to(device, coefficients.dtype)  # [tokens, points, D]
         grad = torch.bmm(coefficients, grad_outs).squeeze(1)
@@ -465,7 +510,39 @@ class _AppendSource(torch.autograd.Function):
         if ctx.needs_input_grad[3]:  # this source's part of dL/dw_p, for the points that read it
             grad_queries = sources.queries.new_zeros(sources.queries.shape)
             grad_queries[readers] = score_grads @ x
-        return None, grad.view(ctx.shape).to(ctx.dtype), None, grad_queries
+        return None, grad.view(ctx.shape).to(ctx.dtype), None, grad_queries, grad_gates
+
+
+def _deferred_point_backward(sources: _SourceStorage, j: int) -> torch.Tensor | None:
+    """What `_Route.backward` left to source j for the points whose newest source it is, with their output
+    gradients in the store: their dot products with their sources `0..j` are one batched product, which reads each
+    source once for all of them (point by point, each would read every source again). Writes their coefficients and
+    logit gradients into the store and returns their gates' gradients `[points]` (zero for other points), or None
+    when there are no gates."""
+    store, n = sources.store, j + 1
+    last = sources.first_reader[j + 1] if j + 1 < sources.count else sources.points
+    deferred = [p for p in range(sources.first_reader[j], last) if sources.deferred[p]]
+    grad_gates = None
+    if sources.gates is not None and deferred:
+        grad_gates = sources.gates.new_zeros(sources.gates.shape)
+    # Runs of consecutive points, each a slice of the store: usually all of them, one run.
+    for start in (p for p in deferred if p - 1 not in deferred):
+        stop = start + 1
+        while stop in deferred:
+            stop += 1
+        points = slice(start, stop)
+        acc, device = store.weights.dtype, store.weights.device
+        grad_outs = as_dtype(store.grad_out[points], acc).transpose(0, 1)  # [tokens, points, D]
+        values = as_dtype(sources.values[:n].to(device), acc).permute(1, 2, 0)  # [tokens, D, n]
+        dots = torch.bmm(grad_outs, values).permute(1, 2, 0)  # x_j . G_p: [points, n, tokens]
+        alpha = torch.softmax(sources.logits[:n, points].to(device), dim=0).transpose(0, 1)  # [points, n, tokens]
+        gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), acc).view(-1, 1, 1)
+        logit_grads, weights, per_token = _mixture_backward(alpha, dots, gates, sources_dim=1)
+        if grad_gates is not None:
+            grad_gates[points] = per_token.sum((1, 2)).to(grad_gates)
+        store.weights[points, :n] = weights
+        store.logit_grads[points, :n] = logit_grads
+    return grad_gates
 
 
 class _Route(torch.autograd.Function):
@@ -473,9 +550,14 @@ class _Route(torch.autograd.Function):
     def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra, point):
         ctx.set_materialize_grads(False)
         ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, sources.points, residual is not None
+        # Left to the newest source when the logits and gates are known there: see `_deferred_point_backward`.
+        ctx.deferred = sources.queries is not None and extra is None and (gate is None) == (sources.gates is None)
+        sources.deferred.append(ctx.deferred)
         routed, alpha, logits, inv_rms = sources.mix(residual, gate, point, extra)
-        # The logits through a fresh alias: later points write their own logits into the same buffer.
-        ctx.save_for_backward(sources.values[: ctx.n], alpha, gate, extra, logits.data, inv_rms, query, norm_weight)
+        # Saved whether or not they are read here, so that saved-tensor hooks see every buffer backward reads. The
+        # logits through a fresh alias: later points write their own logits into the same buffer.
+        values, saved_alpha = sources.values[: ctx.n], None if ctx.deferred else alpha
+        ctx.save_for_backward(values, saved_alpha, gate, extra, logits.data, inv_rms, query, norm_weight)
         weights = alpha.T
         ctx.mark_non_differentiable(weights)
         return routed, weights
@@ -483,36 +565,33 @@ class _Route(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
         """Point p's own gradients (its gate, its `w_p` unless known up front, `extra`, the residual), and what its
-        sources' gradients need from it, left in the backward store (see `_AppendSource.backward`)."""
+        sources' gradients need from it, left in the backward store (see `_AppendSource.backward`); a deferred
+        point leaves only its output gradient."""
         if grad_out is None:  # the routed output did not reach the loss
             return (None,) * 8
         sources, n, p = ctx.sources, ctx.n, ctx.p
+        store = sources.backward_store()
+        store.received[p] = True
+        grad_row = store.grad_out_rows[p]
+        grad_row.copy_(grad_out.reshape(grad_row.shape))
+        grad_residual = grad_out if ctx.has_residual else None
+        if ctx.deferred:
+            return None, None, grad_residual, None, None, None, None, None
         values, alpha, gate, extra, logits, inv_rms, query, norm_weight = ctx.saved_tensors
         _, tokens, hidden = values.shape
         acc = alpha.dtype
-        grad = grad_out.reshape(tokens, 1, hidden)
-        grad_acc = as_dtype(grad, acc)
+        grad_acc = as_dtype(grad_out.reshape(tokens, 1, hidden), acc)
         dots = torch.bmm(grad_acc, as_dtype(values, acc).permute(1, 2, 0)).view(tokens, n).T  # x_j . G: [n, tokens]
         if extra is not None:
             e = as_dtype(extra.reshape(tokens, hidden), acc)
             dots = torch.cat([dots, (e * grad_acc.view(tokens, hidden)).sum(-1)[None]])
-        # dL/dgamma = sum_j alpha_j d_j and dL/dl_j = gamma alpha_j (d_j - sum_k alpha_k d_k), with d_j = x_j . G
-        weighted_dots = alpha * dots
-        per_token = weighted_dots.sum(0)
-        logit_grads = torch.addcmul(weighted_dots, alpha, per_token, value=-1)
-        weights, grad_gate = alpha, None
-        if gate is not None:
-            if ctx.needs_input_grad[3]:
-                grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
-            gate = as_dtype(gate, acc)
-            logit_grads.mul_(gate)
-            weights = alpha * gate
-
+        gate_acc = None if gate is None else as_dtype(gate, acc)
+        logit_grads, weights, per_token = _mixture_backward(alpha, dots, gate_acc, sources_dim=0)
+        grad_gate = None
+        if gate is not None and ctx.needs_input_grad[3]:
+            grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
         # Copied, not computed into the store: it is on the last point's device, which may not be this point's.
         # Its rows for this point have room for `extra`'s, which are never read there.
-        store = sources.backward_store()
-        store.received[p] = True
-        store.grad_out_rows[p].copy_(grad.view(tokens, hidden))
         store.weight_rows[p][: len(alpha)].copy_(weights)
         store.logit_grad_rows[p][: len(alpha)].copy_(logit_grads)
 
@@ -532,7 +611,7 @@ class _Route(torch.autograd.Function):
         return (
             None,
             None,
-            grad_out if ctx.has_residual else None,
+            grad_residual,
             grad_gate,
             None if grad_w is None else (grad_w * norm_weight.to(acc)).to(query.dtype),
             None if grad_w is None else (grad_w * query.to(acc)).to(norm_weight.dtype),

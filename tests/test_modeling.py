@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCa
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
 from modeling_delta_qwen3 import depth_mix
-from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_queries
+from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_gates, upfront_queries
 from modeling_delta_qwen3.routing import RoutingPoint
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
@@ -158,25 +158,27 @@ def point(query: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor | N
 def test_routing_gradients_match_finite_differences(gated, upfront):
     """The hand-written backward of `SourceBuffer` against numerical gradients, with additive and replacement
     routing, a read-once `extra` source, and sources computed from earlier routed outputs as in the model; with
-    the points' queries known up front (scores computed as sources are written) and not (sharded parameters)."""
+    the points' queries and gates known up front (scores computed as sources are written; points without `extra`
+    left to their newest source, here two runs of them around a point with `extra`) and not (sharded parameters)."""
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
-    def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, gate):
-        points = [point(q0, g0), point(q1, g1), point(q2, g2)]
-        queries = upfront_queries(points, x0) if upfront else None
-        sources = SourceBuffer(1e-6, capacity=4, max_points=3, queries=queries)
+    def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, q3, g3, gate):
+        points = [point(q0, g0, gate), point(q1, g1, gate), point(q2, g2, gate), point(q3, g3, gate)]
+        queries, gates = (upfront_queries(points, x0), upfront_gates(points, x0)) if upfront else (None, None)
+        sources = SourceBuffer(1e-6, capacity=4, max_points=4, queries=queries, gates=gates)
         sources.append(x0)
         sources.append(x1)
         first = sources.route(point(q0, g0, gate), residual=residual)[0]
-        sources.append(torch.tanh(first) + x2)
         second = sources.route(point(q1, g1), extra=extra)[0]
-        sources.append(second * x1)
-        return sources.route(point(q2, g2, gate), residual=second)[0]
+        third = sources.route(point(q2, g2, gate), residual=first)[0]
+        sources.append(torch.tanh(first) + x2)
+        sources.append(second * third)
+        return sources.route(point(q3, g3, gate), residual=second)[0]
 
-    inputs = [rand(2, 3, 8) for _ in range(5)] + [rand(8) for _ in range(6)] + [rand(()) if gated else None]
+    inputs = [rand(2, 3, 8) for _ in range(5)] + [rand(8) for _ in range(8)] + [rand(()) if gated else None]
     assert torch.autograd.gradcheck(routed, inputs)
 
 
