@@ -510,6 +510,7 @@ class _AppendSource(torch.autograd.Function):
         if ctx.needs_input_grad[3]:  # this source's part of dL/dw_p, for the points that read it
             grad_queries = sources.queries.new_zeros(sources.queries.shape)
             grad_queries[readers] = score_grads @ x
+        grad_gates = grad_gates if ctx.needs_input_grad[4] else None
         return None, grad.view(ctx.shape).to(ctx.dtype), None, grad_queries, grad_gates
 
 
