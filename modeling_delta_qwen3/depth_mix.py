@@ -26,6 +26,10 @@ is written by hand:
   reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice.
   A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`), and
   reuses the buffers and views of the generation's previous step (`DecodingScratch`).
+- With the gates known up front too (`upfront_gates`), a point that reads no extra source leaves its backward
+  pass to its newest source (`_deferred_point_backward`): there, the dot products of the sources with the output
+  gradients of every point whose newest source it is are one batched product, which reads each source once for
+  all of them rather than once per point.
 
 `SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
 `sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
