@@ -13,7 +13,7 @@ from spec_reference import randomize_routing, reference_forward
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
-from modeling_delta_qwen3 import depth_mix
+from modeling_delta_qwen3 import depth_mix, routing
 from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_gates, upfront_queries
 from modeling_delta_qwen3.routing import RoutingPoint
 
@@ -304,6 +304,23 @@ def test_gradient_checkpointing_same_loss_and_gradients(mode, gated, reentrant):
     assert grads.keys() == grads_ckpt.keys() and any("_route." in n for n in grads)
     for name in grads:
         torch.testing.assert_close(grads_ckpt[name], grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("mode,gated", VARIANTS)
+def test_backward_passes_left_to_the_sources_agree_with_each_points_own(monkeypatch, mode, gated):
+    """With the points' parameters known up front, points leave their backward pass to their newest source (see
+    `_deferred_point_backward`); with them unknown (sharded, offloaded), each point takes its own. Both give the
+    same gradients, in float64."""
+    model = random_model(mode, gated).train().double()
+    ids = token_ids()
+    loss, grads = _loss_and_grads(model, ids)
+    monkeypatch.setattr(routing, "upfront_queries", lambda points, like: None)
+    monkeypatch.setattr(routing, "upfront_gates", lambda points, like: None)
+    own_loss, own_grads = _loss_and_grads(model, ids)
+    torch.testing.assert_close(own_loss, loss, atol=1e-12, rtol=0)
+    assert grads.keys() == own_grads.keys() and any(name.endswith("_route.gate") for name in grads) == gated
+    for name in grads:
+        torch.testing.assert_close(own_grads[name], grads[name], atol=1e-12, rtol=1e-10, msg=name)
 
 
 @pytest.mark.parametrize("mode", MODES)
