@@ -70,14 +70,11 @@ def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     `like`; None when the points' parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
     DeepSpeed, offloaded, on another device): their values are then known only when each point runs."""
     queries, norm_weights = zip(*(point.query_and_norm_weight() for point in points))
+    queries, norm_weights = _stacked_on(queries, like.device), _stacked_on(norm_weights, like.device)
+    if queries is None or norm_weights is None or not queries.shape[1:] == norm_weights.shape[1:] == like.shape[-1:]:
+        return None
     acc = compute_dtype(like.dtype)
-    try:  # checked once on the result rather than per parameter: decoding a token pays for every check
-        w = as_dtype(torch.stack(queries), acc) * as_dtype(torch.stack(norm_weights), acc)
-    except RuntimeError:  # parameters on different devices, or of different sizes
-        return None
-    if type(w) is not torch.Tensor or w.device != like.device or w.shape[1:] != like.shape[-1:]:
-        return None
-    return w
+    return as_dtype(queries, acc) * as_dtype(norm_weights, acc)
 
 
 def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
@@ -90,13 +87,19 @@ def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
     gates = [point.gate for point in points]
     if any(gate is None for gate in gates):
         return None
+    gates = _stacked_on(gates, like.device)
+    return gates if gates is not None and gates.shape == (len(points),) else None
+
+
+def _stacked_on(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
+    """`torch.stack(tensors)` when they are ordinary tensors on `device`, else None (sharded, offloaded, on other
+    devices or of different sizes). Checked once on the result rather than per tensor: decoding a token pays for
+    every check."""
     try:
-        stacked = torch.stack(gates)
-    except RuntimeError:  # gates on different devices, or of different sizes
+        stacked = torch.stack(tensors)
+    except RuntimeError:  # on different devices, or of different sizes
         return None
-    if type(stacked) is not torch.Tensor or stacked.device != like.device or stacked.shape != (len(points),):
-        return None
-    return stacked
+    return stacked if type(stacked) is torch.Tensor and stacked.device == device else None
 
 
 def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
@@ -527,18 +530,18 @@ def _deferred_point_backward(sources: _SourceStorage, j: int) -> torch.Tensor | 
     store, n = sources.store, j + 1
     last = sources.first_reader[j + 1] if j + 1 < sources.count else sources.points
     deferred = [p for p in range(sources.first_reader[j], last) if sources.deferred[p]]
-    grad_gates = None
-    if sources.gates is not None and deferred:
-        grad_gates = sources.gates.new_zeros(sources.gates.shape)
+    if not deferred:
+        return None
+    grad_gates = None if sources.gates is None else sources.gates.new_zeros(sources.gates.shape)
+    acc, device = store.weights.dtype, store.weights.device
+    values = as_dtype(sources.values[:n].to(device), acc).permute(1, 2, 0)  # [tokens, D, n]
     # Runs of consecutive points, each a slice of the store: usually all of them, one run.
     for start in (p for p in deferred if p - 1 not in deferred):
         stop = start + 1
         while stop in deferred:
             stop += 1
         points = slice(start, stop)
-        acc, device = store.weights.dtype, store.weights.device
         grad_outs = as_dtype(store.grad_out[points], acc).transpose(0, 1)  # [tokens, points, D]
-        values = as_dtype(sources.values[:n].to(device), acc).permute(1, 2, 0)  # [tokens, D, n]
         dots = torch.bmm(grad_outs, values).permute(1, 2, 0)  # x_j . G_p: [points, n, tokens]
         alpha = torch.softmax(sources.logits[:n, points].to(device), dim=0).transpose(0, 1)  # [points, n, tokens]
         gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), acc).view(-1, 1, 1)
