@@ -25,7 +25,8 @@ is written by hand:
   its gradient is assembled: both read the source while it is in cache, instead of once more at every point that
   reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice.
   A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`), and
-  reuses the buffers and views of the generation's previous step (`DecodingScratch`).
+  reuses the buffers, the views and the stacked routing parameters of the generation's previous step
+  (`DecodingScratch`).
 - With the gates known up front too (`upfront_gates`), a point that reads no extra source leaves its backward
   pass to its newest source (`_deferred_point_backward`): there, the dot products of the sources with the output
   gradients of every point whose newest source it is are one batched product, which reads each source once for
@@ -78,17 +79,23 @@ def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
 
 
 def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
-    """`gamma_p` of every routing point in order, `[points]`, for a forward pass with autograd: each point's gate
-    gradient can then be taken with its sources' gradients (see `_deferred_point_backward`). None without autograd,
-    when a point has no gate, or when the gates are not whole ordinary tensors on `like`'s device (see
-    `upfront_queries`)."""
-    if not torch.is_grad_enabled():
-        return None
+    """`gamma_p` of every routing point in order, `[points]`: with autograd, each point's gate gradient can then be
+    taken with its sources' gradients (see `_deferred_point_backward`); in a decoding step, the gates are read as
+    numbers once (see `mix_one_token`). None when a point has no gate, or when the gates are not whole ordinary
+    tensors on `like`'s device (see `upfront_queries`)."""
     gates = [point.gate for point in points]
     if any(gate is None for gate in gates):
         return None
     gates = _stacked_on(gates, like.device)
     return gates if gates is not None and gates.shape == (len(points),) else None
+
+
+def upfront_parameters(points: list, like: torch.Tensor, scratch: "DecodingScratch | None" = None):
+    """`upfront_queries(points, like)` and `upfront_gates(points, like)`; in a generation (`scratch`) without autograd,
+    the previous step's while they still hold (see `DecodingScratch.upfront`)."""
+    if scratch is None or torch.is_grad_enabled():
+        return upfront_queries(points, like), upfront_gates(points, like)
+    return scratch.upfront(points, like)
 
 
 def _stacked_on(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
@@ -167,11 +174,12 @@ class SourceBuffer:
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
         self.token: torch.Tensor | None = None
 
-    # Under torch.compile, appending and routing run eagerly between the compiled graphs: the autograd functions
-    # keep state from call to call, which Dynamo cannot trace. Without autograd (generation) they skip the
-    # autograd functions, whose overhead is a noticeable share of decoding one token.
-    @torch.compiler.disable
+    # Under torch.compile, appending and routing run eagerly between the compiled graphs (`_outside_graphs`): the
+    # autograd functions keep state from call to call, which Dynamo cannot trace. Without autograd (generation)
+    # they skip the autograd functions, whose overhead is a noticeable share of decoding one token.
     def append(self, x: torch.Tensor) -> None:
+        if torch.compiler.is_compiling():
+            return self._append_outside_graphs(x)
         if torch.is_grad_enabled():
             self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
         else:
@@ -179,18 +187,24 @@ class SourceBuffer:
                 self.storage, self.scratch = self.scratch.storage_for(self.storage, x), None
             self.storage.write(x)
 
-    @torch.compiler.disable
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
         read by this point only; also returns the routing weights `[tokens, n_sources]`."""
+        if torch.compiler.is_compiling():
+            return self._route_outside_graphs(point, residual, extra)
+        if self.storage.one_token:
+            return self.storage.mix_one_token(residual, point, extra)
         gate = point.gate if residual is not None else None
         if torch.is_grad_enabled():
             query, norm_weight = point.query_and_norm_weight()
             return _Route.apply(self.storage, self.token, residual, gate, query, norm_weight, extra, point)
-        if self.storage.one_token:
-            return self.storage.mix_one_token(residual, gate, point, extra)
         routed, alpha = self.storage.mix(residual, gate, point, extra)[:2]
         return routed, alpha.T
+
+    # `torch.compiler.disable`'s wrapper costs a decoding step about as much as routing's arithmetic: eager calls
+    # go around it.
+    _append_outside_graphs = torch.compiler.disable(append)
+    _route_outside_graphs = torch.compiler.disable(route)
 
     def to(self, *args, **kwargs) -> "SourceBuffer":
         """Moves the buffers to another device in place and returns `self`: points already evaluated hold the
@@ -229,7 +243,7 @@ class _SourceStorage:
         self.count = 0  # sources written
         self.points = 0  # routing points evaluated
         self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
-        self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype
+        self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype (one token: compute)
         self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype, when kept
         self.padded: torch.Tensor | None = None  # for one token: [capacity, D + pad], the values and sqrt(D eps)
         self.norms: torch.Tensor | None = None  # for one token: [capacity], the padded rows' norms
@@ -307,10 +321,11 @@ class _SourceStorage:
             self._weight_buffers[sources] = by_token.view(tokens, sources).T, by_token
         return self._weight_buffers[sources]
 
-    def mix_one_token(self, residual, gate, point, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def mix_one_token(self, residual, point, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`mix` for a decoding step of one sequence, in products of a single batch over `[1, 1, D]`-shaped
-        operands, the sources' shape: the same values in fewer dispatched operations (no reshaping), which at one
-        token cost more than the arithmetic. Returns the routed tensor and the routing weights.
+        operands, the sources' shape: the same values in fewer dispatched operations (no reshaping, the sources
+        kept in the compute dtype and their transposes made once, the gate a number), which at one token cost more
+        than the arithmetic. Returns the routed tensor and the routing weights.
 
         The logits are `sqrt(D) w . x_j / |(x_j, sqrt(D eps))|`, which is `r_j (w . x_j)`: the padded rows' norms
         cost one operation per source, the factor `sqrt(D)` is in the query rows. `extra` is written into the slot
@@ -320,15 +335,18 @@ class _SourceStorage:
         if extra is not None:
             self._write_padded(n, extra)
             n += 1
-        values, norms = self._prefixes[n]
-        x = as_dtype(values, self.acc)  # [1, n, D]
-        logits = torch.bmm(self._query(p, point), x.transpose(1, 2)).div_(norms)
+        x, x_transposed, norms = self._prefixes[n]  # [1, n, D], [1, D, n], [1, 1, n]
+        logits = torch.bmm(self._query(p, point), x_transposed).div_(norms)
         alpha = torch.softmax(logits, dim=-1)  # [1, 1, n]
-        weights = alpha if gate is None else alpha * as_dtype(gate, self.acc)
         if residual is None:
-            out = torch.bmm(weights, x)
+            out = torch.bmm(alpha, x)
         else:
-            out = torch.baddbmm(as_dtype(residual, self.acc), weights, x)
+            residual = as_dtype(residual, self.acc)
+            gate = point.gate if self._gate_values is None else self._gate_values[p]
+            if isinstance(gate, torch.Tensor):  # not known up front
+                out = torch.baddbmm(residual, alpha * as_dtype(gate, self.acc), x)
+            else:
+                out = torch.baddbmm(residual, alpha, x, alpha=1 if gate is None else gate)
         return as_dtype(out, self.dtype), alpha
 
     def _query(self, p: int, point) -> torch.Tensor:
@@ -346,10 +364,11 @@ class _SourceStorage:
         self.one_token = self.routes_one_token(x)
         if self.one_token:
             # Padding of 32 elements keeps the rows 64-byte aligned: the first holds sqrt(D eps), the others zeros.
-            padded = x.new_zeros(self.capacity, hidden + 32)
+            padded = x.new_zeros(self.capacity, hidden + 32, dtype=self.acc)
             padded[:, hidden] = math.sqrt(hidden * self.eps)
             self._set_padded(padded)
             self.norms = x.new_empty(self.capacity, dtype=self.acc)
+            self._gate_values = None if self.gates is None else self.gates.tolist()  # see `mix_one_token`
         else:
             self._eps = x.new_full((), self.eps, dtype=self.acc)
             decoding = x.shape[-2] == 1 and not self.for_backward
@@ -383,7 +402,9 @@ class _SourceStorage:
             self._query_rows = None if self.queries is None else slots(self._scaled_queries.view(-1, 1, 1, hidden))
             self._padded_slots, self._norm_slots = slots(self.padded), slots(self.norms)
             values, norms = self.values.data.view(1, self.capacity, hidden), self.norms.view(1, 1, -1)
-            self._prefixes = [(values[:, :n], norms[:, :, :n]) for n in range(self.capacity + 1)]
+            self._prefixes = [
+                (values[:, :n], values[:, :n].transpose(1, 2), norms[:, :, :n]) for n in range(self.capacity + 1)
+            ]
         else:
             inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
             self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
@@ -406,13 +427,17 @@ class _SourceStorage:
             and (self.queries is None) == (other.queries is None)
         )
 
-    def restart(self, queries: torch.Tensor | None) -> None:
-        """Empties this one-token storage for another forward pass with these queries, keeping its buffers and
-        views."""
+    def restart(self, queries: torch.Tensor | None, gates: torch.Tensor | None) -> None:
+        """Empties this one-token storage for another forward pass with these queries and gates, keeping its
+        buffers and views, and, when they are the previous pass's (see `DecodingScratch.upfront`), what it made of
+        them."""
         self.count, self.points, self.first_reader = 0, 0, []
-        if queries is not None:
+        if queries is not None and queries is not self.queries:
             self.queries = queries
             torch.mul(queries, math.sqrt(queries.shape[-1]), out=self._scaled_queries)
+        if gates is not self.gates:
+            self.gates = gates
+            self._gate_values = None if gates is None else gates.tolist()
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
@@ -439,19 +464,37 @@ class _SourceStorage:
 class DecodingScratch:
     """What routing keeps from one decoding step to the next of one generation: the previous step's storage, whose
     buffers and views the next step reuses when its shapes are the same (making them anew took about a tenth of
-    what routing costs a step). Kept on the generation's KV cache (`decoding_scratch`); a copy starts empty."""
+    what routing costs a step), and the routing parameters stacked up front. Kept on the generation's KV cache
+    (`decoding_scratch`); a copy starts empty."""
 
     def __init__(self):
         self.storage: _SourceStorage | None = None
+        self._parameters: list[torch.Tensor | None] = []  # the last step's routing parameters: held, their ids stay
+        self._key: tuple | None = None
+        self._upfront: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     def __deepcopy__(self, memo) -> "DecodingScratch":
         return DecodingScratch()
+
+    def upfront(self, points: list, like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`upfront_queries` and `upfront_gates`, for a forward pass without autograd: the previous step's while the
+        points' parameters are the same tensors at the same versions (stacking them anew cost decoding a token more
+        than this check)."""
+        parameters = []
+        for point in points:
+            parameters += point.query_and_norm_weight()
+            parameters.append(point.gate)
+        key = (like.device, like.dtype, *map(id, parameters), *(t._version for t in parameters if t is not None))
+        if key != self._key:
+            self._parameters, self._key = parameters, key
+            self._upfront = upfront_queries(points, like), upfront_gates(points, like)
+        return self._upfront
 
     def storage_for(self, fresh: _SourceStorage, x: torch.Tensor) -> _SourceStorage:
         """The storage to use instead of `fresh`, about to receive its first source `x`: the previous step's,
         restarted, when it fits; else `fresh`, kept for the next step when it routes one token."""
         if self.storage is not None and self.storage.fits(fresh, x):
-            self.storage.restart(fresh.queries)
+            self.storage.restart(fresh.queries, fresh.gates)
             return self.storage
         if fresh.routes_one_token(x):
             self.storage = fresh

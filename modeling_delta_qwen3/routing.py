@@ -19,7 +19,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
-from .depth_mix import DecodingScratch, SourceBuffer, SourceList, upfront_gates, upfront_queries, use_fla
+from .depth_mix import DecodingScratch, SourceBuffer, SourceList, upfront_parameters, use_fla
 
 
 class RoutingPoint(nn.Module):
@@ -69,7 +69,7 @@ class DepthState:
         if use_fla(h0):
             self.sources = SourceList(eps)
         else:
-            queries, gates = upfront_queries(points, h0), upfront_gates(points, h0)
+            queries, gates = upfront_parameters(points, h0, scratch)
             self.sources = SourceBuffer(eps, self.capacity(config), len(points), queries, scratch, gates)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0

@@ -213,32 +213,35 @@ def test_a_routing_point_reads_its_parameters_or_the_tensors_a_wrapper_swapped_i
 @pytest.mark.parametrize("upfront", [False, True])
 def test_one_token_routing_moved_between_points_routes_as_unmoved(upfront):
     """A decoding step whose state a device hook moves between layers (`to`, here a forced copy on the same
-    device): the moved buffers stay one padded buffer, so the sources written after the move are routed right."""
+    device): the moved buffers stay one padded buffer, so the sources written after the move are routed right. One
+    token (`mix_one_token`, gates read as numbers when known up front) routes as each of two tokens does (`mix`)."""
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
     sources = rand(4, 1, 1, 8)
-    points = [point(rand(8), rand(8).abs() + 0.5) for _ in range(3)]
+    points = [point(rand(8), rand(8).abs() + 0.5, rand(())) for _ in range(3)]
 
-    def route(move: bool) -> list[torch.Tensor]:
+    def route(move: bool, batch: int = 1) -> list[torch.Tensor]:
+        x = sources.expand(-1, batch, -1, -1)
         with torch.no_grad():
-            buffer = SourceBuffer(1e-6, capacity=4, max_points=3,
-                                  queries=upfront_queries(points, sources[0]) if upfront else None)
-            buffer.append(sources[0])
-            buffer.append(sources[1])
-            outs = [buffer.route(points[0], residual=sources[3])[0]]
+            queries, gates = (upfront_queries(points, x[0]), upfront_gates(points, x[0])) if upfront else (None, None)
+            buffer = SourceBuffer(1e-6, capacity=4, max_points=3, queries=queries, gates=gates)
+            buffer.append(x[0])
+            buffer.append(x[1])
+            outs = [buffer.route(points[0], residual=x[3])[0]]
             if move:
                 buffer = buffer.to("cpu", copy=True)
-            buffer.append(sources[2])
-            outs.append(buffer.route(points[1], residual=sources[3])[0])
-            outs.append(buffer.route(points[2], extra=sources[3])[0])
+            buffer.append(x[2])
+            outs.append(buffer.route(points[1], residual=x[3])[0])
+            outs.append(buffer.route(points[2], extra=x[3])[0])
         return outs
 
-    moved, unmoved = route(move=True), route(move=False)
-    for a, b in zip(moved, unmoved):
+    moved, unmoved, two_tokens = route(move=True), route(move=False), route(move=False, batch=2)
+    for a, b, c in zip(moved, unmoved, two_tokens):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+        torch.testing.assert_close(c, b.expand_as(c), atol=1e-14, rtol=0)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -260,9 +263,10 @@ def test_decoding_step_matches_full_forward(mode, batch):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_decoding_steps_reuse_the_previous_steps_buffers(mode):
-    """Each decoding step of a generation reuses the buffers the previous step routed in (kept on the KV cache),
-    and still gives the full forward pass's logits, also after the routing parameters change; a deep copy of the
-    cache, as when a prompt's cache is reused for several continuations, starts its own."""
+    """Each decoding step of a generation reuses the buffers and stacked routing parameters of the previous step
+    (kept on the KV cache), and still gives the full forward pass's logits, also after the routing parameters change
+    in place; a deep copy of the cache, as when a prompt's cache is reused for several continuations, starts its
+    own."""
     model = random_model(mode, gated=mode.startswith("delta"), scale=1.0).double()
     ids = token_ids(batch=1, seq=9)
     with torch.no_grad():
@@ -271,9 +275,9 @@ def test_decoding_steps_reuse_the_previous_steps_buffers(mode):
         for position in range(5, 9):
             if position == 7:
                 cache = copy.deepcopy(cache)
-            if position == 8:  # new queries: compared with a step that starts from fresh buffers
+            if position == 8:  # new queries and gates: compared with a step that starts from fresh buffers
                 for name, parameter in model.named_parameters():
-                    if name.endswith("route.query"):
+                    if name.endswith(("route.query", "route.gate")):
                         parameter.add_(1.0)
                 expected = model(ids[:, 8:9], past_key_values=copy.deepcopy(cache)).logits
             else:
@@ -314,8 +318,7 @@ def test_backward_passes_left_to_the_sources_agree_with_each_points_own(monkeypa
     model = random_model(mode, gated).train().double()
     ids = token_ids()
     loss, grads = _loss_and_grads(model, ids)
-    monkeypatch.setattr(routing, "upfront_queries", lambda points, like: None)
-    monkeypatch.setattr(routing, "upfront_gates", lambda points, like: None)
+    monkeypatch.setattr(routing, "upfront_parameters", lambda points, like, scratch: (None, None))
     own_loss, own_grads = _loss_and_grads(model, ids)
     torch.testing.assert_close(own_loss, loss, atol=1e-12, rtol=0)
     assert grads.keys() == own_grads.keys() and any(name.endswith("_route.gate") for name in grads) == gated
