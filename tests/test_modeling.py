@@ -271,7 +271,7 @@ def test_decoding_steps_reuse_the_previous_steps_buffers(mode):
     ids = token_ids(batch=1, seq=9)
     with torch.no_grad():
         cache = model(ids[:, :5], use_cache=True).past_key_values
-        storages = []
+        storages, queries = [], []
         for position in range(5, 9):
             if position == 7:
                 cache = copy.deepcopy(cache)
@@ -285,7 +285,9 @@ def test_decoding_steps_reuse_the_previous_steps_buffers(mode):
             step = model(ids[:, position : position + 1], past_key_values=cache)
             torch.testing.assert_close(step.logits, expected, atol=1e-9, rtol=0)
             storages.append(cache.delta_qwen3_routing.storage)
+            queries.append(storages[-1].queries)
     assert storages[0] is storages[1] and storages[1] is not storages[2] and storages[2] is storages[3]
+    assert queries[0] is queries[1] and queries[1] is not queries[2] and queries[2] is not queries[3]
 
 
 def _loss_and_grads(model, ids):
