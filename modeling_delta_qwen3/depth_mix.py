@@ -90,7 +90,9 @@ def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
     return gates if gates is not None and gates.shape == (len(points),) else None
 
 
-def upfront_parameters(points: list, like: torch.Tensor, scratch: "DecodingScratch | None" = None):
+def upfront_parameters(
+    points: list, like: torch.Tensor, scratch: "DecodingScratch | None" = None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """`upfront_queries(points, like)` and `upfront_gates(points, like)`; in a generation (`scratch`) without autograd,
     the previous step's while they still hold (see `DecodingScratch.upfront`)."""
     if scratch is None or torch.is_grad_enabled():
@@ -201,8 +203,8 @@ class SourceBuffer:
         routed, alpha = self.storage.mix(residual, gate, point, extra)[:2]
         return routed, alpha.T
 
-    # `torch.compiler.disable`'s wrapper costs a decoding step about as much as routing's arithmetic: eager calls
-    # go around it.
+    # `torch.compiler.disable`'s wrapper, a handful of Python calls, would run twice per routing point and decoding
+    # step: eager calls go around it.
     _append_outside_graphs = torch.compiler.disable(append)
     _route_outside_graphs = torch.compiler.disable(route)
 
