@@ -254,6 +254,7 @@ class _SourceStorage:
         self.one_token = False  # a single position of a single sequence, without autograd: see `mix_one_token`
         self._eps: torch.Tensor | None = None  # eps as a tensor for `inverse_rms` (one token: in the padded rows)
         self._weight_scratch: torch.Tensor | None = None  # see `_weights`
+        self._gate_values: list[float] | None = None  # for one token, see `_set_gates`
         self.store: _BackwardStore | None = None
 
     def write(self, x: torch.Tensor) -> None:
@@ -370,7 +371,7 @@ class _SourceStorage:
             padded[:, hidden] = math.sqrt(hidden * self.eps)
             self._set_padded(padded)
             self.norms = x.new_empty(self.capacity, dtype=self.acc)
-            self._gate_values = None if self.gates is None else self.gates.tolist()  # see `mix_one_token`
+            self._set_gates(self.gates)
         else:
             self._eps = x.new_full((), self.eps, dtype=self.acc)
             decoding = x.shape[-2] == 1 and not self.for_backward
@@ -438,8 +439,11 @@ class _SourceStorage:
             self.queries = queries
             torch.mul(queries, math.sqrt(queries.shape[-1]), out=self._scaled_queries)
         if gates is not self.gates:
-            self.gates = gates
-            self._gate_values = None if gates is None else gates.tolist()
+            self._set_gates(gates)
+
+    def _set_gates(self, gates: torch.Tensor | None) -> None:
+        """The gates, and for one token their values as numbers (see `mix_one_token`): read once, not per point."""
+        self.gates, self._gate_values = gates, None if gates is None else gates.tolist()
 
     def backward_store(self) -> _BackwardStore:
         if self.store is None:
