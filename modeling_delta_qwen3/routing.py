@@ -134,11 +134,22 @@ class _AdditiveState(DepthState):
 
 
 class DeltaState(_AdditiveState):
-    """`delta`: every sublayer's output is a source."""
+    """`delta`: every sublayer's output is a source, except the last one, which no routing point reads."""
+
+    def __init__(self, h0, config, points, scratch=None):
+        super().__init__(h0, config, points, scratch)
+        # Each point reads the outputs of the sublayers before its own: the last sublayer's output, no point.
+        self.outputs_to_keep = len(points)
+
+    @staticmethod
+    def capacity(config):
+        return 2 * config.num_hidden_layers
 
     def add_output(self, v):
         self.hidden = self.hidden + v
-        self.sources.append(v)
+        if self.outputs_to_keep:
+            self.sources.append(v)
+            self.outputs_to_keep -= 1
 
 
 class DeltaBlockState(_AdditiveState):

@@ -77,10 +77,20 @@ def test_reference_is_sensitive_to_routing():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_routing_weight_shapes(mode):
+def test_routing_weight_shapes(monkeypatch, mode):
+    kept = []  # per source appended, the buffer's capacity
+
+    def append(self, x, append=SourceBuffer.append):
+        kept.append(self.storage.capacity)
+        append(self, x)
+
+    monkeypatch.setattr(SourceBuffer, "append", append)
     config = delta_config(mode)  # 5 layers, 2 blocks of 3 layers
     out = DeltaQwen3ForCausalLM(config)(token_ids(batch=2, seq=7), output_routing_weights=True)
     counts = [w.shape[-1] for w in out.routing_weights]
+    # Only sources that some point reads are kept (in delta mode, not the last sublayer's output), in a buffer
+    # of just their number.
+    assert kept == [max(counts)] * max(counts)
     expected = {
         "delta": list(range(2, 11)),
         "delta_block": [1] * 5 + [2] * 4,
