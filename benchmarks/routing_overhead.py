@@ -15,6 +15,7 @@ up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`k
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
     python benchmarks/routing_overhead.py --quick             # a smoke run in a minute
     python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
+    python benchmarks/routing_overhead.py --figures training --training-pairs 30   # tighter, on a noisy machine
 
 Targets (issue "routing at near-zero cost"), checked and printed at the end:
 memory <= 1.05 (Delta Block) / 1.15 (Delta AttnRes), at 28 layers no more than 0.03 above 12 layers;
@@ -339,6 +340,13 @@ def _names(allowed: list[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None]:
     labels = [label for label, _, _ in VARIANTS[1:]]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -350,6 +358,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
     parser.add_argument("--variants", type=_names(labels), default=labels, help="comma-separated; Qwen3 always runs")
     parser.add_argument("--figures", type=_names(list(FIGURES)), default=list(FIGURES), help="comma-separated")
     parser.add_argument(
+        "--training-pairs",
+        type=_at_least_one,
+        help="training steps of each model per build order (default 10, 2 with --quick): more on a noisy machine",
+    )
+    parser.add_argument(
         "--system-allocator", action="store_true", help="keep glibc's default of returning freed memory at once"
     )
     args = parser.parse_args(argv)
@@ -360,7 +373,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         seq=128 if args.quick else 512,
         depths=[4, 8] if args.quick else [12, 28],
         train_layers=12,
-        train_steps=2 if args.quick else 10,
+        train_steps=args.training_pairs if args.training_pairs is not None else 2 if args.quick else 10,
         decode_shape=DECODE_SHAPES[args.decode_shape] if not args.quick else {**SMALL, "num_hidden_layers": 4},
         prompt=128,
         new_tokens=8 if args.quick else 32,
@@ -384,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             "seq": settings.seq,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
+            "training_pairs": settings.train_steps,
             "freed_memory_kept": kept,
         },
     }

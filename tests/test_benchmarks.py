@@ -13,11 +13,13 @@ from benchmarks.routing_overhead import VARIANTS
 @pytest.mark.slow
 def test_routing_overhead_quick_run_reports_every_figure(tmp_path):
     output = tmp_path / "results.json"
-    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--output", str(output)]
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--training-pairs", "1", "--output",
+               str(output)]
     env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
     completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(output.read_text())
+    assert results["settings"]["training_pairs"] == 1
     labels = [label for label, _, _ in VARIANTS]
     for figure in ("training", "decoding"):
         assert set(labels) <= set(results[figure]) and results[figure]["qwen3"] == 1.0
@@ -42,6 +44,11 @@ def test_routing_overhead_measures_the_chosen_part_of_the_table(tmp_path):
     command[command.index("--variants") + 1] = "delta_block,deltablock"
     completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 2 and "unknown deltablock: choose from delta_block," in completed.stderr
+
+    command[command.index("--variants") + 1] = "delta_block"
+    completed = subprocess.run([*command, "--training-pairs", "0"], cwd=REPO_ROOT, env=env, capture_output=True,
+                               text=True, timeout=600)
+    assert completed.returncode == 2 and "--training-pairs: must be at least 1, got 0" in completed.stderr
 
 
 @pytest.mark.slow
