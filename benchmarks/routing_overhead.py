@@ -75,7 +75,7 @@ class Settings:
     seq: int
     depths: list[int]
     train_layers: int
-    train_steps: int
+    training_pairs: int
     decode_shape: dict
     prompt: int
     new_tokens: int
@@ -276,7 +276,7 @@ def measure_training(settings: Settings) -> dict:
     shape = {**SMALL, "num_hidden_layers": settings.train_layers}
     def measure_pair(models: dict) -> tuple[float, float]:
         runs = {name: training_step(model, ids) for name, model in models.items()}
-        return _paired_ratio(runs, settings.train_steps, 2, settings.device)
+        return _paired_ratio(runs, settings.training_pairs, 2, settings.device)
 
     ratios, seconds = _ratios_against_qwen3(shape, measure_pair, settings)
     return ratios | {"qwen3_tokens_per_s": ids.numel() / seconds}
@@ -373,7 +373,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         seq=128 if args.quick else 512,
         depths=[4, 8] if args.quick else [12, 28],
         train_layers=12,
-        train_steps=args.training_pairs if args.training_pairs is not None else 2 if args.quick else 10,
+        training_pairs=args.training_pairs or (2 if args.quick else 10),  # `_at_least_one` rules out 0
         decode_shape=DECODE_SHAPES[args.decode_shape] if not args.quick else {**SMALL, "num_hidden_layers": 4},
         prompt=128,
         new_tokens=8 if args.quick else 32,
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             "seq": settings.seq,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "training_pairs": settings.train_steps,
+            "training_pairs": settings.training_pairs,
             "freed_memory_kept": kept,
         },
     }
