@@ -173,9 +173,10 @@ def _ratios_against_qwen3(
     share_weights: bool = False,
 ) -> tuple[dict, float]:
     """Speed of every variant relative to Qwen3, each measured by `measure_pair` (models by name -> ratio and
-    Qwen3's seconds) with only the two models alive, in both build orders (geometric mean), optionally with their
-    common weights shared; also the median seconds of Qwen3."""
-    ratios, qwen3_seconds = {"qwen3": 1.0}, []
+    Qwen3's seconds) with only the two models alive, in both build orders (geometric mean; each order's ratio under
+    "by_build_order", so that the spread between builds shows), optionally with their common weights shared; also
+    the median seconds of Qwen3."""
+    ratios, by_order, qwen3_seconds = {"qwen3": 1.0}, {}, []
     for label, mode, gated in settings.variants[1:]:
         per_order = []
         for variant_first in (False, True):
@@ -188,7 +189,8 @@ def _ratios_against_qwen3(
             qwen3_seconds.append(seconds)
             del models
         ratios[label] = statistics.geometric_mean(per_order)
-    return ratios, statistics.median(qwen3_seconds)
+        by_order[label] = dict(zip(("qwen3_first", "variant_first"), per_order))
+    return ratios | {"by_build_order": by_order}, statistics.median(qwen3_seconds)
 
 
 def training_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:

@@ -24,6 +24,9 @@ def test_routing_overhead_quick_run_reports_every_figure(tmp_path):
     for figure in ("training", "decoding"):
         assert set(labels) <= set(results[figure]) and results[figure]["qwen3"] == 1.0
         assert all(results[figure][label] > 0 for label in labels)
+        assert set(results[figure]["by_build_order"]) == set(labels[1:])
+        for label, orders in results[figure]["by_build_order"].items():  # the ratio is their geometric mean
+            assert results[figure][label] == pytest.approx((orders["qwen3_first"] * orders["variant_first"]) ** 0.5)
     for ratios in results["memory"].values():
         assert ratios["qwen3"] == 1.0 and 1.0 <= ratios["delta_block"] <= 1.05
     assert all(label in completed.stdout for label in labels)
