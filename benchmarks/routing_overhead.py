@@ -11,11 +11,10 @@ of building the two models (on the machine the README's table comes from, whiche
 up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`keep_freed_memory`;
 `--system-allocator` leaves its defaults).
 
-    python benchmarks/routing_overhead.py                     # the README's table (CPU, float32)
+    python benchmarks/routing_overhead.py --training-pairs 30  # the README's table (CPU, float32)
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
     python benchmarks/routing_overhead.py --quick             # a smoke run in a minute
     python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
-    python benchmarks/routing_overhead.py --figures training --training-pairs 30   # tighter, on a noisy machine
 
 Targets (issue "routing at near-zero cost"), checked and printed at the end:
 memory <= 1.05 (Delta Block) / 1.15 (Delta AttnRes), at 28 layers no more than 0.03 above 12 layers;
