@@ -1,7 +1,8 @@
 """The glue to flash-linear-attention's fused kernel. Its Triton kernels need CUDA, so here the kernel is replaced,
 at the call, by an implementation of its documented contract (`fused_attnres(query, residuals, rms_weight,
-rms_eps=..., return_weights=True)` -> mixture in the sources' dtype and weights `[n_sources, ...]`), and the model
-must still compute the spec's function, forward and backward."""
+rms_eps=..., return_weights=True)` -> mixture in the sources' dtype and weights `[n_sources, ...]`; the signature and
+arithmetic of fla-core 0.6.0's `fused_attnres` and of its PyTorch reference `naive_attnres`: RMSNorm, scores and
+softmax in float32), and the model must still compute the spec's function, forward and backward."""
 
 import torch
 from spec_reference import reference_forward
