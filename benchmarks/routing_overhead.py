@@ -177,18 +177,18 @@ def _ratios_against_qwen3(
     the median seconds of Qwen3."""
     ratios, by_order, qwen3_seconds = {"qwen3": 1.0}, {}, []
     for label, mode, gated in settings.variants[1:]:
-        per_order = []
-        for variant_first in (False, True):
-            order = [(label, mode, gated), VARIANTS[0]] if variant_first else [VARIANTS[0], (label, mode, gated)]
+        by_order[label] = {}
+        for order_name, order in (
+            ("qwen3_first", [VARIANTS[0], (label, mode, gated)]),
+            ("variant_first", [(label, mode, gated), VARIANTS[0]]),
+        ):
             models = {name: build(shape, m, g, settings) for name, m, g in order}
             if share_weights:
                 _share_base_weights(*models.values())
-            ratio, seconds = measure_pair(models)
-            per_order.append(ratio)
+            by_order[label][order_name], seconds = measure_pair(models)
             qwen3_seconds.append(seconds)
             del models
-        ratios[label] = statistics.geometric_mean(per_order)
-        by_order[label] = dict(zip(("qwen3_first", "variant_first"), per_order))
+        ratios[label] = statistics.geometric_mean(by_order[label].values())
     return ratios | {"by_build_order": by_order}, statistics.median(qwen3_seconds)
 
 
