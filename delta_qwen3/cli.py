@@ -4,7 +4,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import CommandError
+from .interrupts import run_command
 
 # Modules that define `register(subparsers)`; each sets `func(args) -> int` on its parsers.
 SUBCOMMAND_MODULES = ("conversion.cli", "eval.cli")
@@ -19,12 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; bad input, Ctrl-C and SIGTERM end it with one line on stderr (`run_command`)."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except CommandError as error:
-        print(f"delta-qwen3 {args.command}: error: {error}", file=sys.stderr)
-        return error.exit_code
+    return run_command(f"delta-qwen3 {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""How every command ends when it cannot finish: bad input, Ctrl-C or termination give one line on stderr and an
+exit status, never a traceback.
+
+SIGTERM (what `kill`, job schedulers and container runtimes send) would by default end Python at once, skipping the
+cleanup that removes staging directories and temporary files. It is turned into the same exception as Ctrl-C, so
+both unwind through that cleanup (`except BaseException` / `finally` blocks) before the command exits.
+"""
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+from .errors import CommandError
+
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what shells report for a command ended by Ctrl-C
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; `args[0]` is the signal's name. A `KeyboardInterrupt`, so code that cleans up
+    after Ctrl-C cleans up after SIGTERM too."""
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def run_command(program: str, command: Callable[[], int | None]) -> int:
+    """Run `command` and return the process's exit status: its own (None: 0); for a `CommandError`, its message as
+    `"{program}: error: ..."` and its exit code; for SIGINT or SIGTERM, `"{program}: interrupted by SIGINT ..."` and
+    130. The signal handlers are installed only while `command` runs, and only in the main thread (the only one
+    Python delivers signals to)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {number: signal.signal(number, _raise_interrupted) for number in HANDLED_SIGNALS}
+    try:
+        return command() or 0
+    except CommandError as error:
+        print(f"{program}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt as interrupt:
+        name = interrupt.args[0] if isinstance(interrupt, Interrupted) else "SIGINT"
+        print(f"{program}: interrupted by {name}; unfinished outputs were not kept", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
