@@ -9,6 +9,24 @@ from modeling_delta_qwen3 import DeltaQwen3Config
 from .target_config import is_function_preserving
 
 PAPER = "[Delta Attention Residuals](https://arxiv.org/abs/2605.18855)"
+# Where the project lives; also `url` in setup.cfg (a test keeps the two equal).
+PROJECT_URL = "https://github.com/DeltaQwen3/DeltaQwen3"
+DELTA_ATTNRES_BIBTEX = """@misc{luo2026deltaattnres,
+  title         = {Delta Attention Residuals},
+  author        = {Luo and Cai and Hu},
+  year          = {2026},
+  eprint        = {2605.18855},
+  archivePrefix = {arXiv},
+  url           = {https://arxiv.org/abs/2605.18855}
+}"""
+ATTNRES_BIBTEX = """@misc{kimiteam2026attnres,
+  title         = {Attention Residuals},
+  author        = {{Kimi Team}},
+  year          = {2026},
+  eprint        = {2603.15031},
+  archivePrefix = {arXiv},
+  url           = {https://arxiv.org/abs/2603.15031}
+}"""
 TAGS = ["delta-qwen3", "delta-attention-residuals", "qwen3", "custom_code"]
 LICENSE_KEYS = ("license", "license_name", "license_link")
 
@@ -39,6 +57,15 @@ def conversion_description(source_name: str, config: DeltaQwen3Config) -> str:
     return f"{link} converted to DeltaQwen3 with `delta-qwen3 convert`. {status}"
 
 
+def citation(config: DeltaQwen3Config) -> str:
+    """The BibTeX of the paper behind the checkpoint's routing mode: the AttnRes comparison modes also cite the
+    paper that introduced them."""
+    entries = [DELTA_ATTNRES_BIBTEX]
+    if config.routing_mode.startswith("attnres"):
+        entries.append(ATTNRES_BIBTEX)
+    return "\n\n".join(entries)
+
+
 def _routing_table(config: DeltaQwen3Config) -> str:
     rows = [("routing_mode", f"`{config.routing_mode}`"), ("routing_gate", f"`{config.routing_gate}`")]
     if config.routing_mode.endswith("block"):
@@ -51,7 +78,7 @@ def _routing_table(config: DeltaQwen3Config) -> str:
 def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, base_model: str | None = None,
                      license: dict | None = None) -> ModelCard:
     """A card for the checkpoint published (or saved) as `model_id`: Hub metadata, what it is, its routing
-    settings and how to load it."""
+    settings, how to load it, where the project lives and how to cite the paper."""
     data = ModelCardData(
         base_model=base_model,
         library_name="transformers",
@@ -63,7 +90,8 @@ def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, 
 # {model_id.rsplit("/", 1)[-1]}
 
 Qwen3 with {PAPER} (Luo, Cai, Hu, 2026): each attention and MLP sublayer adds a learned, per-token softmax mixture
-of what earlier sublayers (or blocks of layers) added to the residual stream.
+of what earlier sublayers (or blocks of layers) added to the residual stream. Made with
+[DeltaQwen3]({PROJECT_URL}), the Transformers extension that converts, fine-tunes and evaluates such models.
 
 {description}
 
@@ -83,6 +111,12 @@ tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)
 inputs = tokenizer("Depth routing", return_tensors="pt")
 print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))
 routing_weights = model(**inputs, output_routing_weights=True).routing_weights
+```
+
+## Citation
+
+```bibtex
+{citation(config)}
 ```
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")

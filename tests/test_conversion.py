@@ -1,15 +1,17 @@
 """Conversion of a sharded Qwen3 checkpoint: exact function preservation, loaded the way a user loads it (fresh
 interpreter, `trust_remote_code=True`, this project not importable), and the checkpoint format of SPEC section 4."""
 
+import configparser
 import hashlib
 import json
 
 import pytest
 import torch
-from conftest import last_json_line, run_without_project, save_tiny_qwen3
+from conftest import REPO_ROOT, last_json_line, run_without_project, save_tiny_qwen3
 from safetensors import safe_open
 
 from conversion import convert, verify
+from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL
 from delta_qwen3.cli import main
 
 DELTA_MODES = ["delta", "delta_block"]
@@ -140,6 +142,19 @@ def test_config_code_and_carried_files(converted, qwen3_checkpoint):
         assert config[key] == source_config[key]
 
 
+def test_model_card_links_the_project_and_cites_the_paper(converted):
+    card = (converted["delta_block"] / "README.md").read_text()
+    assert f"[DeltaQwen3]({PROJECT_URL})" in card
+    assert f"## Citation\n\n```bibtex\n{DELTA_ATTNRES_BIBTEX}\n```" in card
+    assert "2603.15031" not in card  # the AttnRes paper is cited by the AttnRes modes' cards only
+
+
+def test_package_metadata_names_the_project_url_the_card_links():
+    setup = configparser.ConfigParser()
+    setup.read(REPO_ROOT / "setup.cfg")
+    assert setup["metadata"]["url"] == PROJECT_URL
+
+
 def test_tied_embeddings_keep_no_head(converted):
     tensors = read_weights(converted["tied"])
     assert "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors
@@ -175,7 +190,9 @@ def test_non_preserving_conversions_say_so(qwen3_checkpoint, tmp_path, capsys, a
     difference = float(printed.split("Largest logit difference on the probe batch: ")[1].split()[0])
     assert difference > 1e-5  # well above float32 noise; exact conversions give 0
     assert json.loads((out / "config.json").read_text())["routing_gate"] is gate
-    assert "does **not** reproduce" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "does **not** reproduce" in card
+    assert (f"```bibtex\n{DELTA_ATTNRES_BIBTEX}\n\n{ATTNRES_BIBTEX}\n```" in card) is args[1].startswith("attnres")
 
 
 def test_cli_verify_reports_exact_conversion(qwen3_checkpoint, tmp_path, capsys):

@@ -11,6 +11,7 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from conversion import convert, push_to_hub
+from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL
 from delta_qwen3.cli import main
 
 LICENSED_CARD = "---\nlicense: apache-2.0\nlanguage: en\n---\n# Tiny Qwen3\n"
@@ -106,6 +107,8 @@ def test_push_writes_a_card_only_when_missing(qwen3_checkpoint, fake_hub, tmp_pa
     card = ModelCard.load(fake_hub.root / "me/tuned/README.md")
     assert card.data.base_model == "me/DeltaQwen3-Tiny" and card.data.license is None
     assert "| routing_num_blocks | `2` (2 layers per block) |" in card.text
+    assert f"[DeltaQwen3]({PROJECT_URL})" in card.text
+    assert DELTA_ATTNRES_BIBTEX in card.text and ATTNRES_BIBTEX in card.text  # an AttnRes mode cites both papers
     assert (finetuned / "README.md").read_text() == (fake_hub.root / "me/tuned/README.md").read_text()
 
     (finetuned / "README.md").write_text("---\nlicense: mit\n---\n# My own card\n")
