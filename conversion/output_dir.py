@@ -8,14 +8,12 @@ from pathlib import Path
 
 from delta_qwen3.atomic import replace_directory
 from delta_qwen3.errors import CommandError
+from delta_qwen3.output_paths import check_output_dir
 
 
 def check_target(target: Path, overwrite: bool) -> None:
-    """Refuse a target that is a file, or a non-empty directory unless `overwrite`."""
-    if target.exists() and not target.is_dir():
-        raise CommandError(f"OUT {target} exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise CommandError(f"OUT {target} exists and is not empty (pass --overwrite to replace it)")
+    """Refuse a target that is a file or lies under one, or a non-empty directory unless `overwrite`."""
+    check_output_dir(target, "OUT", overwrite=overwrite)
 
 
 def check_not_nested(src: Path, target: Path) -> None:

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
-from huggingface_hub.utils import HFValidationError, validate_repo_id
-from safetensors import SafetensorError, safe_open
 
+from delta_qwen3.checkpoints import local_directory, read_safetensors_header
 from delta_qwen3.errors import CommandError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -60,28 +59,13 @@ class SourceCheckpoint:
         return FLOAT_DTYPES[self.tensors["model.embed_tokens.weight"][0]]
 
 
-def looks_like_hub_id(src: str) -> bool:
-    """`namespace/name`, the form every Qwen3 repository has; anything else is taken as a local path."""
-    if src.count("/") != 1 or src.startswith((".", "~")):
-        return False
-    try:
-        validate_repo_id(src)
-    except HFValidationError:
-        return False
-    return True
-
-
 def resolve_source(src: str | Path, revision: str | None = None, token: str | None = None,
                    cache_dir: str | Path | None = None) -> tuple[Path, str | None]:
     """The local directory of `src` and, when it is a Hub id, that id. Hub ids are downloaded (or found in the
     cache) by `huggingface_hub.snapshot_download`, which honours `HF_HUB_OFFLINE`, `HF_HOME` and `HF_TOKEN`."""
-    path = Path(src).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise CommandError(f"SRC {src} is a file, not a checkpoint directory")
-        return path.resolve(), None
-    if not looks_like_hub_id(str(src)):
-        raise CommandError(f"SRC {src} does not exist (and is not a Hub model id of the form namespace/name)")
+    path = local_directory(src, "SRC")
+    if path is not None:
+        return path, None
     try:
         local = huggingface_hub.snapshot_download(
             repo_id=str(src), revision=revision, token=token, cache_dir=cache_dir, allow_patterns=DOWNLOAD_PATTERNS
@@ -138,23 +122,13 @@ def shard_files(path: Path) -> tuple[list[str], bool]:
     raise CommandError(f"SRC {path} is not a checkpoint: it has no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}{found}")
 
 
-def read_shard_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name -> (dtype, shape) of every tensor in a safetensors file, reading only its header. A truncated or
-    corrupt file is refused here, before anything is written."""
-    try:
-        with safe_open(file, framework="pt") as f:
-            return {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
-    except (SafetensorError, OSError) as error:
-        raise CommandError(f"{file} is not a readable safetensors file (corrupt or truncated?): {error}")
-
-
 def open_source(src: str | Path, revision: str | None = None, token: str | None = None,
                 cache_dir: str | Path | None = None) -> SourceCheckpoint:
     """Resolve `src`, check that it is a Qwen3 checkpoint and read the headers of all its shards."""
     path, repo_id = resolve_source(src, revision, token, cache_dir)
     config = read_qwen3_config(path)
     files, sharded = shard_files(path)
-    shards = {name: read_shard_header(path / name) for name in files}
+    shards = {name: read_safetensors_header(path / name) for name in files}
     for name, shard in shards.items():
         odd = sorted({dtype for dtype, _ in shard.values()} - FLOAT_DTYPES.keys())
         if odd:

@@ -1,0 +1,54 @@
+"""Output paths checked before any work, and write failures at the end reported in one line: a long evaluation or
+conversion must not end in a traceback that loses its results because of where they were to be written."""
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import CommandError
+
+
+def _check_parents(path: Path, option: str) -> None:
+    """The nearest existing ancestor of `path` must be a directory, or `path` cannot be created."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CommandError(f"{option} {path} cannot be created: {parent} is a file, not a directory")
+            return
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file path that is a directory or lies under a file. An existing file is replaced."""
+    if path.is_dir():
+        raise CommandError(f"{option} {path} is a directory; give the path of a file to write")
+    _check_parents(path, option)
+
+
+def check_output_dir(path: Path, option: str, *, overwrite: bool, files: Iterable[str] | None = None) -> None:
+    """Refuse an output directory that is a file or lies under one, or, unless `overwrite`, one that holds earlier
+    output: anything at all, or, when the command writes only `files` into it, any of those."""
+    if path.exists() and not path.is_dir():
+        raise CommandError(f"{option} {path} exists and is not a directory")
+    _check_parents(path, option)
+    if overwrite or not path.is_dir():
+        return
+    if files is None:
+        if any(path.iterdir()):
+            raise CommandError(f"{option} {path} exists and is not empty (pass --overwrite to replace it)")
+        return
+    earlier = [name for name in files if (path / name).exists()]
+    if earlier:
+        raise CommandError(
+            f"{option} {path} already holds {', '.join(earlier)} from an earlier run (pass --overwrite to replace)"
+        )
+
+
+@contextmanager
+def reporting_write_failure(option: str, path: Path) -> Iterator[None]:
+    """Turn a failure to write `path` (disk full, permissions, the path taken meanwhile) into one line; the
+    command prints its results before writing them, so they are not lost with it."""
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise CommandError(f"could not write {option} {path}: {reason} (the results are printed above)") from None
