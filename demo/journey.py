@@ -19,7 +19,7 @@ from eval.perplexity import perplexity
 from eval.routing import routing_statistics
 from eval.routing_plots import write_routing_report
 from eval.runner import format_table, run_benchmarks
-from eval.texts import load_texts
+from delta_qwen3.texts import read_texts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
 # The embedded default base: small enough to pre-train on two CPU cores in a few minutes.
@@ -141,7 +141,7 @@ def finetune_both(settings: DemoSettings, base: str, converted: Path, data: str)
 def evaluate(settings: DemoSettings, models: dict[str, str], validation: Path) -> tuple[dict, list[Path]]:
     """Per model: validation perplexity, the benchmark average and (DeltaQwen3) routing sharpness; and the
     routing report's files."""
-    texts = load_texts(str(validation))
+    texts = read_texts(str(validation))
     summary = {name: {"path": str(path)} for name, path in models.items()}
     routing = {}
     for name, path in models.items():
@@ -149,25 +149,24 @@ def evaluate(settings: DemoSettings, models: dict[str, str], validation: Path) -
         summary[name]["perplexity"] = perplexity(model, tokenizer, texts, max_length=settings.seq_len)
         if getattr(model.config, "routing_mode", None):
             routing[name] = routing_statistics(model, tokenizer, texts, max_length=settings.seq_len)
-            # Points with one source (the first block) always weigh 1: the sharpness is read where there is a choice.
-            summary[name]["mean_max_routing_weight"] = routing[name]["multi_source"]["mean_max_weight"]
+            summary[name]["mean_max_weight_multi_source"] = routing[name]["mean_max_weight_multi_source"]
     eval_dir = settings.out / "eval"
     benchmarks = run_benchmarks(
         [str(path) for path in models.values()],
         data_dir=None if settings.base else FIXTURES,
         device=settings.device,
-        output=eval_dir / "benchmarks.json",
     )
     print(format_table(benchmarks))
+    write_json(eval_dir / "benchmarks.json", benchmarks)
     for name, path in models.items():
         summary[name]["benchmark_average"] = benchmarks["models"][str(path)]["average"]
     return summary, write_routing_report(routing, eval_dir / "routing")
 
 
 def summary_table(summary: dict) -> str:
-    rows = [["model", "validation ppl", "benchmarks avg %", "mean max routing weight"]]
+    rows = [["model", "validation ppl", "benchmarks avg %", "mean max routing weight (multi-source points)"]]
     for name, values in summary.items():
-        weight = values.get("mean_max_routing_weight")
+        weight = values.get("mean_max_weight_multi_source")
         rows.append(
             [
                 name,

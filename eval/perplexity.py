@@ -4,7 +4,7 @@ tokens of earlier context carried over from the previous window."""
 import torch
 import torch.nn.functional as F
 
-from .texts import token_stream
+from delta_qwen3.texts import token_stream
 
 
 @torch.no_grad()

@@ -2,16 +2,15 @@
 
 Per routing point, over all tokens: the mean of the largest routing weight (1 = every token reads one source,
 1/n = uniform over n sources), the mean entropy of the weights (nats), and the mean weight of each source. The
-model's figure is the mean over its routing points (the paper: about 0.62 for Delta Block, 0.35 for AttnRes).
-Points with a single source (the first block of a block mode) always have weight 1; they are included in
-`mean_max_weight` and left out of `multi_source`.
+model's figures are the means over its routing points, in the two variants of `delta_qwen3.sharpness` (all points,
+and only those with more than one source; the paper: about 0.62 for Delta Block, 0.35 for AttnRes).
 """
 
 import torch
 
 from delta_qwen3.errors import CommandError
-
-from .texts import token_stream
+from delta_qwen3.sharpness import mean_max_weights
+from delta_qwen3.texts import token_stream
 
 
 def _point_names(num_layers: int, num_points: int) -> list[tuple[int, str]]:
@@ -25,10 +24,14 @@ def _point_names(num_layers: int, num_points: int) -> list[tuple[int, str]]:
 
 
 def _summary(points: list[dict]) -> dict:
+    """The model's figures: both mean-max-weight variants and the mean entropy over all points."""
+    sharpness = mean_max_weights(
+        torch.tensor([point["mean_max_weight"] for point in points], dtype=torch.float64),
+        [point["num_sources"] for point in points],
+    )
     return {
-        "mean_max_weight": sum(point["mean_max_weight"] for point in points) / len(points),
+        **{name: None if value is None else value.item() for name, value in sharpness.items()},
         "mean_entropy": sum(point["mean_entropy"] for point in points) / len(points),
-        "num_points": len(points),
     }
 
 
@@ -37,8 +40,8 @@ def routing_statistics(model, tokenizer, texts: list[str], max_length: int = 102
     """Routing sharpness of `model` over `texts`, read in consecutive windows of `max_length` tokens.
 
     Returns `{"routing_mode", "num_layers", "num_tokens", "points": [{"sublayer", "name", "num_sources",
-    "mean_max_weight", "mean_entropy", "mean_weights"}], "mean_max_weight", "mean_entropy", "multi_source":
-    {"mean_max_weight", "mean_entropy", "num_points"}}`.
+    "mean_max_weight", "mean_entropy", "mean_weights"}], "mean_max_weight", "mean_max_weight_multi_source",
+    "mean_entropy"}`.
     """
     routing_mode = getattr(model.config, "routing_mode", None)
     if routing_mode is None:
@@ -74,14 +77,10 @@ def routing_statistics(model, tokenizer, texts: list[str], max_length: int = 102
         }
         for point, (sublayer, name) in enumerate(names)
     ]
-    overall = _summary(points)
-    multi_source = [point for point in points if point["num_sources"] > 1]
     return {
         "routing_mode": routing_mode,
         "num_layers": model.config.num_hidden_layers,
         "num_tokens": num_tokens,
         "points": points,
-        "mean_max_weight": overall["mean_max_weight"],
-        "mean_entropy": overall["mean_entropy"],
-        "multi_source": _summary(multi_source) if multi_source else None,
+        **_summary(points),
     }

@@ -27,6 +27,14 @@ def _save(figure, path: Path) -> None:
     plt.close(figure)
 
 
+def sharpness_label(stats: dict) -> str:
+    """Both mean-max-weight variants, named, for a title or legend."""
+    multi = stats["mean_max_weight_multi_source"]
+    return f"mean max weight {stats['mean_max_weight']:.2f} (all points)" + (
+        f", {multi:.2f} (multi-source points)" if multi is not None else ""
+    )
+
+
 def _weight_matrix(stats: dict) -> np.ndarray:
     """[routing points, most sources] of mean weights, NaN where a source does not exist at a point."""
     points = stats["points"]
@@ -48,7 +56,7 @@ def plot_weight_heatmaps(runs: dict[str, dict], path: Path) -> None:
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # sources are counted, not measured
         axis.set_xlabel("source (0 = embedding)")
         axis.set_ylabel("routing point (layer.sublayer)")
-        axis.set_title(f"{label}\n{stats['routing_mode']}, mean max weight {stats['mean_max_weight']:.2f}", fontsize=9)
+        axis.set_title(f"{label}\n{stats['routing_mode']}, {sharpness_label(stats)}", fontsize=9)
     figure.colorbar(image, ax=axes[0].tolist(), label="mean routing weight")
     _save(figure, path)
 
@@ -59,7 +67,7 @@ def plot_max_weight_by_depth(runs: dict[str, dict], path: Path) -> None:
     for label, stats in runs.items():
         sublayers = [point["sublayer"] for point in stats["points"]]
         values = [point["mean_max_weight"] for point in stats["points"]]
-        axis.plot(sublayers, values, marker="o", markersize=3, label=f"{label} (mean {stats['mean_max_weight']:.2f})")
+        axis.plot(sublayers, values, marker="o", markersize=3, label=f"{label} ({sharpness_label(stats)})")
     axis.set_ylim(0.0, 1.05)
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_xlabel("sublayer (2i = layer i attention, 2i+1 = layer i MLP)")

@@ -1,5 +1,5 @@
-"""What the run measures besides its training loss: validation loss over the held-out blocks, and how sharp the
-routing is."""
+"""What the run measures besides its training loss: validation loss over the held-out blocks (routing sharpness is
+`delta_qwen3.sharpness`)."""
 
 import math
 
@@ -37,14 +37,3 @@ def loss_and_perplexity(totals: torch.Tensor) -> dict[str, float]:
     """Mean loss per predicted token and its perplexity, from `validation_nll` totals summed over processes."""
     loss = (totals[0] / totals[1]).item()
     return {"val_loss": loss, "val_ppl": math.exp(loss)}
-
-
-def mean_max_routing_weight(routing_weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
-    """Mean over routing points of the mean over tokens of the largest routing weight (1 = one-hot routing).
-
-    Points that see a single source (in the block modes, those before the first block boundary) are left out:
-    their weight is 1 whatever the model learned, so they would only pull the number towards 1. None when no
-    point has two sources.
-    """
-    per_point = [weights.max(-1).values.float().mean() for weights in routing_weights if weights.shape[-1] > 1]
-    return torch.stack(per_point).mean() if per_point else None

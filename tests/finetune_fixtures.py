@@ -17,13 +17,15 @@ TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num
 
 
 def write_corpus(path: Path) -> Path:
-    """Python's documentation as JSON lines (one document per line) or plain text (documents separated by blank
-    lines), by the suffix of `path`."""
+    """Python's documentation as JSON lines (one document per line) when `path` ends in `.jsonl`, else as a
+    directory of text files (one document each)."""
     texts = python_docs_texts()
     if path.suffix == ".jsonl":
         path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    else:
-        path.write_text("\n\n".join(texts))
+        return path
+    path.mkdir()
+    for number, text in enumerate(texts):
+        (path / f"{number:03d}.txt").write_text(text)
     return path
 
 
