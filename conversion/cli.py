@@ -7,7 +7,8 @@ from modeling_delta_qwen3.configuration_delta_qwen3 import ROUTING_MODES
 
 from .converter import convert
 from .hub import push_to_hub
-from .target_config import OUTPUT_DTYPES, is_function_preserving
+from .source import open_source
+from .target_config import OUTPUT_DTYPES, cast_caveat, is_function_preserving
 from .verify import verify
 
 
@@ -33,13 +34,18 @@ def run_convert(args: argparse.Namespace) -> int:
     config = DeltaQwen3Config.from_pretrained(out)
     print(f"Converted {args.src} to {out} (routing_mode={config.routing_mode}, "
           f"routing_num_blocks={config.routing_num_blocks}, routing_gate={config.routing_gate}, dtype={config.dtype})")
+    caveat = ""
     if is_function_preserving(config):
-        print("The converted model computes exactly what the source computes.")
+        if args.dtype is not None:
+            source = open_source(args.src, revision=args.revision, token=args.token, cache_dir=args.cache_dir)
+            caveat = cast_caveat(source.dtype, config.dtype)
+        print(f"The converted model computes exactly what the source computes{caveat}.")
     else:
         print("Note: the converted model no longer matches the source until it is fine-tuned.")
     if args.verify:
         difference = verify(args.src, out, revision=args.revision, token=args.token, cache_dir=args.cache_dir)
-        print(f"Largest logit difference on the probe batch: {difference:.3e}")
+        cause = f" (the {config.dtype} rounding of the weights)" if caveat else ""
+        print(f"Largest logit difference on the probe batch: {difference:.3e}{cause}")
     if args.push_to_hub:
         print(f"Published: {push_to_hub(out, args.push_to_hub, private=args.private, token=args.token)}")
     return 0
@@ -62,7 +68,8 @@ def register(subparsers) -> None:
     parser.add_argument("out", metavar="OUT", help="new output directory")
     parser.add_argument("--mode", choices=ROUTING_MODES, default="delta_block",
                         help="routing mode (default: %(default)s)")
-    parser.add_argument("--num-blocks", type=int, default=4, help="blocks for the block modes (default: %(default)s)")
+    parser.add_argument("--num-blocks", type=int,
+                        help="blocks for the block modes (default: 4, or the number of layers if the model has fewer)")
     parser.add_argument("--no-gate", action="store_true",
                         help="no gates: the paper's ungated initialisation (changes the model's outputs)")
     parser.add_argument("--dtype", choices=OUTPUT_DTYPES, help="weight dtype (default: the source's)")

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import torch
 
+from delta_qwen3.atomic import staged_directory
+
 from .model_card import card_license, conversion_description, write_model_card
-from .output_dir import check_not_nested, check_target, staged_directory
+from .output_dir import check_not_nested, check_target
 from .output_files import copy_carried_files, write_config_and_code
 from .source import open_source
 from .target_config import delta_config, output_dtype
@@ -17,7 +19,7 @@ def convert(
     out: str | Path,
     *,
     mode: str = "delta_block",
-    num_blocks: int = 4,
+    num_blocks: int | None = None,
     gate: bool | None = None,
     dtype: str | torch.dtype | None = None,
     overwrite: bool = False,
@@ -31,7 +33,8 @@ def convert(
     Args:
         src: A Qwen3 checkpoint directory or Hub model id (fetched with `revision`, `token`, `cache_dir`).
         out: The new checkpoint directory; it must not exist or be empty unless `overwrite`.
-        mode, num_blocks: The routing mode and block count (SPEC section 3).
+        mode, num_blocks: The routing mode and block count (SPEC section 3); `num_blocks=None` is 4, or the number
+            of layers when the model has fewer.
         gate: Zero-initialised gates; `None` gates the delta modes, so the conversion is exact, and leaves the
             AttnRes modes (which have no gate) ungated. `False` is the paper's ungated initialisation.
         dtype: `"float32"`, `"float16"` or `"bfloat16"`; `None` keeps the source's.
@@ -45,14 +48,18 @@ def convert(
         CommandError: Bad input, before anything is written.
     """
     out = Path(out).expanduser().absolute()
+    if Path(src).expanduser().is_dir():
+        check_not_nested(Path(src).expanduser(), out)  # first: --overwrite cannot help there
     check_target(out, overwrite)  # before a possibly long download
     source = open_source(src, revision=revision, token=token, cache_dir=cache_dir)
-    check_not_nested(source.path, out)
+    if source.repo_id is not None:
+        check_not_nested(source.path, out)  # where a download lies is known only now
     target_dtype = output_dtype(dtype, source.dtype)
     config = delta_config(source.config, mode, num_blocks, gate, target_dtype)
     additions = plan_routing_tensors(source, config, target_dtype)
     source_name = source.repo_id or source.path.name
-    with staged_directory(out, overwrite) as staging:
+    check_target(out, overwrite)  # again: OUT may have appeared during the download
+    with staged_directory(out) as staging:
         write_weights(source, additions, staging, None if dtype is None else target_dtype)
         write_config_and_code(config, staging)
         copy_carried_files(source.path, staging)
@@ -60,7 +67,7 @@ def convert(
             staging,
             config,
             model_id=model_id or out.name,
-            description=conversion_description(source_name, config),
+            description=conversion_description(source_name, config, source.dtype),
             base_model=source.repo_id,
             license=card_license(source.path),
         )

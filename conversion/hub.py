@@ -3,16 +3,18 @@
 import json
 from pathlib import Path
 
-from huggingface_hub import HfApi
+from huggingface_hub import CommitOperationAdd, HfApi
+from huggingface_hub.utils import filter_repo_objects
 from transformers.dynamic_module_utils import get_relative_imports
 
 from delta_qwen3.errors import CommandError
 from modeling_delta_qwen3 import DeltaQwen3Config
 
-from .model_card import write_model_card
+from .model_card import build_model_card
 
 # Never published: staging leftovers and caches.
 IGNORE_PATTERNS = [".*", "**/.*", "__pycache__", "**/__pycache__/**", "*.pyc"]
+CARD_NAME = "README.md"
 
 
 def missing_model_code(directory: Path, auto_map: dict) -> list[str]:
@@ -50,6 +52,31 @@ def check_delta_checkpoint(directory: Path) -> DeltaQwen3Config:
     return config
 
 
+def folder_operations(directory: Path, card: str | None = None) -> list[CommitOperationAdd]:
+    """One upload operation per file of `directory` (without `IGNORE_PATTERNS`), plus `card` as its `README.md`
+    when given: the card is uploaded from memory, so the directory is never written to."""
+    files = sorted(path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
+    kept = filter_repo_objects(files, ignore_patterns=IGNORE_PATTERNS if card is None else [*IGNORE_PATTERNS, CARD_NAME])
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=directory / name) for name in kept]
+    if card is not None:
+        operations.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card.encode()))
+    return operations
+
+
+def upload_folder(directory: Path, repo_id: str, *, private: bool = False, token: str | None = None,
+                  card: str | None = None, commit_message: str = "Upload DeltaQwen3 checkpoint") -> str:
+    """Upload `directory` (and `card`, see `folder_operations`) to the Hub model repository `repo_id`, created if
+    needed, in one commit; return the commit URL. Any failure at the Hub is a `CommandError` naming both."""
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        commit = api.create_commit(repo_id, folder_operations(directory, card), commit_message=commit_message,
+                                   repo_type="model")
+    except Exception as error:  # the network boundary: authentication, permissions, connectivity
+        raise CommandError(f"could not publish {directory} to {repo_id}: {error}")
+    return commit.commit_url
+
+
 def push_to_hub(
     directory: str | Path,
     repo_id: str,
@@ -59,25 +86,14 @@ def push_to_hub(
     base_model: str | None = None,
 ) -> str:
     """Upload the DeltaQwen3 checkpoint `directory` to the Hub model repository `repo_id` (created if needed) and
-    return the commit URL. A directory without a `README.md` first gets a model card (naming `base_model` if
-    given); an existing card is published as it is."""
+    return the commit URL. A directory without a `README.md` is published with a model card (naming `base_model`
+    if given), which is not written into `directory`; an existing card is published as it is."""
     directory = Path(directory).expanduser()
     if not directory.is_dir():
         raise CommandError(f"DIR {directory} is not a directory")
     config = check_delta_checkpoint(directory)
-    if not (directory / "README.md").exists():
+    card = None
+    if not (directory / CARD_NAME).exists():
         description = f"A DeltaQwen3 checkpoint{f' derived from `{base_model}`' if base_model else ''}."
-        write_model_card(directory, config, model_id=repo_id, description=description, base_model=base_model)
-    api = HfApi(token=token)
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        commit = api.upload_folder(
-            repo_id=repo_id,
-            folder_path=directory,
-            repo_type="model",
-            commit_message="Upload DeltaQwen3 checkpoint",
-            ignore_patterns=IGNORE_PATTERNS,
-        )
-    except Exception as error:  # the network boundary: authentication, permissions, connectivity
-        raise CommandError(f"could not publish {directory} to {repo_id}: {error}")
-    return commit.commit_url
+        card = str(build_model_card(config, model_id=repo_id, description=description, base_model=base_model))
+    return upload_folder(directory, repo_id, private=private, token=token, card=card)

@@ -6,7 +6,7 @@ from huggingface_hub import ModelCard, ModelCardData, metadata_load
 
 from modeling_delta_qwen3 import DeltaQwen3Config
 
-from .target_config import is_function_preserving
+from .target_config import cast_caveat, is_function_preserving
 
 PAPER = "[Delta Attention Residuals](https://arxiv.org/abs/2605.18855)"
 # Where the project lives; also `url` in setup.cfg (a test keeps the two equal).
@@ -41,13 +41,15 @@ def card_license(directory: Path) -> dict:
     return {key: metadata[key] for key in LICENSE_KEYS if metadata.get(key)}
 
 
-def conversion_description(source_name: str, config: DeltaQwen3Config) -> str:
-    """What a freshly converted checkpoint is, and whether it still computes what its source computed."""
+def conversion_description(source_name: str, config: DeltaQwen3Config, source_dtype: str) -> str:
+    """What a freshly converted checkpoint is, and whether it still computes what its source (whose weights were
+    stored in `source_dtype`) computed."""
     link = f"[{source_name}](https://huggingface.co/{source_name})" if "/" in source_name else f"`{source_name}`"
     if is_function_preserving(config):
         status = (
             "Freshly converted, its routing queries are zero, its routing norms one and its gates zero, so it computes "
-            "exactly what the source computes; fine-tuning lets the routing learn."
+            f"exactly what the source computes{cast_caveat(source_dtype, config.dtype)}; fine-tuning lets the routing "
+            "learn."
         )
     else:
         status = (

@@ -1,12 +1,8 @@
-"""Write a directory completely or not at all: into a temporary sibling, renamed into place when complete."""
+"""Checks of the conversion's output directory, made before anything is read or written (the directory itself is
+written by `delta_qwen3.atomic.staged_directory`)."""
 
-import shutil
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from delta_qwen3.atomic import replace_directory
 from delta_qwen3.errors import CommandError
 from delta_qwen3.output_paths import check_output_dir
 
@@ -24,19 +20,3 @@ def check_not_nested(src: Path, target: Path) -> None:
         raise CommandError(f"OUT {target} is inside SRC {src}; the source is never written to, choose another OUT")
     if src.is_relative_to(target):
         raise CommandError(f"SRC {src} is inside OUT {target}; replacing OUT would delete it, choose another OUT")
-
-
-@contextmanager
-def staged_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield an empty directory next to `target`; when the block completes, it replaces `target` (which
-    `check_target` allowed). On any error or interrupt it is removed and `target` is left as it was."""
-    check_target(target, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
-    staging.mkdir()
-    try:
-        yield staging
-        replace_directory(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

@@ -20,12 +20,22 @@ def output_dtype(dtype: str | torch.dtype | None, source_dtype: str) -> torch.dt
     return getattr(torch, name)
 
 
-def delta_config(qwen3_config: dict, mode: str, num_blocks: int, gate: bool | None,
+def default_num_blocks(num_hidden_layers: int) -> int:
+    """The block count when none is given: SPEC's default (4), or one block per layer in a model with fewer
+    layers, so that a shallow model converts with default options (in every mode: the config checks the count even
+    where it is unused)."""
+    return min(DeltaQwen3Config.routing_num_blocks, num_hidden_layers)
+
+
+def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bool | None,
                  dtype: torch.dtype) -> DeltaQwen3Config:
-    """The DeltaQwen3 config for a Qwen3 `config.json`. `gate=None` gates the delta modes (so the conversion is
-    exact) and leaves the AttnRes modes ungated (they have no gate). Invalid routing settings, such as a block
-    count out of range for the model's depth, are refused with the config's own message."""
+    """The DeltaQwen3 config for a Qwen3 `config.json`. `num_blocks=None` takes `default_num_blocks`. `gate=None`
+    gates the delta modes (so the conversion is exact) and leaves the AttnRes modes ungated (they have no gate).
+    Invalid routing settings, such as a block count out of range for the model's depth, are refused with the
+    config's own message."""
     gate = mode in DELTA_MODES if gate is None else gate
+    if num_blocks is None:
+        num_blocks = default_num_blocks(qwen3_config.get("num_hidden_layers", DeltaQwen3Config.num_hidden_layers))
     fields = {key: value for key, value in qwen3_config.items() if key not in _FILE_KEYS}
     try:
         config = DeltaQwen3Config(**fields, routing_mode=mode, routing_num_blocks=num_blocks, routing_gate=gate)
@@ -39,3 +49,13 @@ def delta_config(qwen3_config: dict, mode: str, num_blocks: int, gate: bool | No
 def is_function_preserving(config: DeltaQwen3Config) -> bool:
     """Whether a freshly converted checkpoint computes exactly what its source did (SPEC section 2.5)."""
     return config.routing_mode in DELTA_MODES and config.routing_gate
+
+
+def cast_caveat(source_dtype: str, dtype: str | torch.dtype) -> str:
+    """What "computes exactly what the source computes" leaves out when the weights were cast: the function is
+    the source's, its arithmetic is not, so the outputs differ by the cast's rounding. Empty without a cast."""
+    dtype = str(dtype).removeprefix("torch.")
+    if dtype == source_dtype:
+        return ""
+    return (f" at the source's precision ({source_dtype}); its weights were cast to {dtype}, so its outputs differ "
+            f"from the source's by that rounding")

@@ -3,7 +3,6 @@
 Only one shard's tensors are in memory at a time; the full model is never built (the expected parameter names and
 shapes come from a model on the meta device, which allocates nothing)."""
 
-import json
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from delta_qwen3.errors import CommandError
+from delta_qwen3.jsonl import json_text
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.routing import RoutingPoint
 
@@ -107,4 +107,4 @@ def write_weights(source: SourceCheckpoint, additions: dict[str, dict[str, torch
         del tensors  # release this shard before reading the next
     if source.sharded:
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-        (out_dir / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+        (out_dir / WEIGHTS_INDEX_NAME).write_text(json_text(index, indent=2) + "\n")

@@ -1,21 +1,90 @@
 """Outputs are written to a temporary path next to their target and moved into place only when complete, so an
-interrupted command never leaves a half-written file or directory behind."""
+interrupted command never leaves a half-written file or directory behind.
 
-import json
+The temporary path is `.{target name}.partial-{process id}-{random}`. A process killed outright (SIGKILL, power
+loss) cannot remove its own; the next write of the same target removes those whose process is gone, so they do not
+pile up. Replacing a directory moves the earlier one aside as `.{target name}.old-{random}` until the new one is in
+place (see `replace_directory`).
+"""
+
+import logging
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from glob import escape
 from pathlib import Path
+
+from .jsonl import json_text
+
+logger = logging.getLogger(__name__)
+
+STAGING_MARK = ".partial-"
+RETIRED_MARK = ".old-"
+
+
+def _sibling(target: Path, mark: str, suffix: str) -> Path:
+    return target.with_name(f".{target.name}{mark}{suffix}")
+
+
+def _siblings(target: Path, mark: str) -> list[Path]:
+    return sorted(target.parent.glob(f".{escape(target.name)}{mark}*"))
+
+
+def _writer_is_running(staging: Path) -> bool:
+    """Whether the process whose id `staging`'s name carries still runs (a name without one is from an older
+    version of this module, whose writer has long finished)."""
+    pid = staging.name.rsplit(STAGING_MARK, 1)[-1].split("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    """Remove a leftover file or directory; one that cannot be removed is reported, not raised: it is in the way
+    of nothing, only of disk space."""
+    try:
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    except OSError as error:
+        logger.warning(f"could not remove {path}, left by an interrupted write: {error.strerror or error}")
+
+
+def remove_stale_leftovers(target: Path) -> None:
+    """Remove what interrupted writes of `target` left beside it: temporary paths of processes that no longer run,
+    and an earlier version moved aside once `target` is in place. An earlier version without `target` is the only
+    copy of that output (the replacement was killed between its two renames): it is reported, and kept."""
+    for staging in _siblings(target, STAGING_MARK):
+        if not _writer_is_running(staging):
+            _remove(staging)
+    for retired in _siblings(target, RETIRED_MARK):
+        if target.exists():
+            _remove(retired)
+        else:
+            logger.warning(f"{retired} holds an earlier {target.name} whose replacement was interrupted; "
+                           f"rename it to {target} to restore it, or remove it")
+
+
+def staging_path(target: Path) -> Path:
+    """A new temporary path beside `target`, after removing stale ones (`remove_stale_leftovers`)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_leftovers(target)
+    return _sibling(target, STAGING_MARK, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 @contextmanager
 def atomic_output(target: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `target`; rename it onto `target` when the block succeeds, remove it if not."""
+    """Yield a temporary file path beside `target`; rename it onto `target` when the block succeeds, remove it if
+    not."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary = staging_path(target)
     try:
         yield temporary
         os.replace(temporary, target)
@@ -23,10 +92,25 @@ def atomic_output(target: Path) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
+@contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """Yield a new empty directory beside `target`; when the block succeeds it replaces `target`
+    (`replace_directory`). On any error or interrupt it is removed and `target` is left as it was."""
+    target = Path(target)
+    staging = staging_path(target)
+    staging.mkdir()
+    try:
+        yield staging
+        replace_directory(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def write_json(target: Path, value) -> None:
-    """Write `value` as indented JSON, atomically."""
+    """Write `value` as indented JSON (`json_text`), atomically."""
     with atomic_output(target) as temporary:
-        temporary.write_text(json.dumps(value, indent=2) + "\n")
+        temporary.write_text(json_text(value, indent=2) + "\n")
 
 
 def replace_directory(completed: Path, target: Path) -> None:
@@ -35,7 +119,7 @@ def replace_directory(completed: Path, target: Path) -> None:
     if not target.exists():
         completed.rename(target)
         return
-    retired = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    retired = _sibling(target, RETIRED_MARK, uuid.uuid4().hex[:8])
     target.rename(retired)
     try:
         completed.rename(target)

@@ -1,10 +1,30 @@
-"""JSON-lines files: one JSON object per line, as the data and benchmark files of this project are written."""
+"""JSON text as this project writes it, and JSON-lines files: one JSON object per line, as the data and benchmark
+files of this project are written."""
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import CommandError
+
+
+def finite_or_null(value):
+    """`value` with every non-finite float (NaN, infinity) replaced by None, in nested dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
+def json_text(value, *, indent: int | None = None, ensure_ascii: bool = True) -> str:
+    """`value` as JSON, with `null` for a non-finite float. Python's `json` writes those as bare `NaN` and
+    `Infinity`, which are not JSON: other readers (browsers, `jq`, most languages' parsers) reject the whole file.
+    A diverged loss or an undefined perplexity is written as `null` ("no value") instead."""
+    return json.dumps(finite_or_null(value), indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
 
 
 def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
@@ -24,8 +44,9 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def write_json_lines(path: Path, documents: Iterable[dict]) -> Path:
+    """Write `documents` to `path`, one `json_text` line each; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with Path(path).open("w", encoding="utf-8") as handle:
         for document in documents:
-            handle.write(json.dumps(document) + "\n")
+            handle.write(json_text(document) + "\n")
     return path

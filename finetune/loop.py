@@ -1,7 +1,6 @@
 """The training loop: optimiser steps over micro-batches, logging, periodic validation and checkpoints."""
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +8,8 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
+
+from delta_qwen3.jsonl import json_text
 
 from .config import FinetuneConfig
 from .data import TrainingData
@@ -28,7 +29,7 @@ class MetricsLog:
         self.accelerator.log(values, step=step)
         if self.accelerator.is_main_process:
             with self.path.open("a") as file:
-                file.write(json.dumps({"step": step, **values}) + "\n")
+                file.write(json_text({"step": step, **values}) + "\n")
 
 
 def validate(model, data: TrainingData, config: FinetuneConfig, accelerator: Accelerator) -> dict[str, float]:

@@ -1,20 +1,25 @@
 """The run directory: training-state checkpoints, the log, and the final model; each written to a temporary
-directory beside its target and renamed into place when complete, so a killed run never leaves half a checkpoint.
+directory beside its target and renamed into place when complete (`delta_qwen3.atomic.staged_directory`), so a
+killed run never leaves half a checkpoint.
 
     OUT/checkpoints/step_00000500/   accelerate state: model, optimiser, schedule, random generators
     OUT/train_log.jsonl              one JSON object per log line or validation
     OUT/model/                       the final model (`save_pretrained`, remote code included) and tokenizer
 """
 
+import contextlib
+import json
 import shutil
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from huggingface_hub import HfApi
+from accelerate.utils import broadcast_object_list
 
-from delta_qwen3.atomic import replace_directory
+from conversion import hub
+from delta_qwen3.atomic import staged_directory
 from delta_qwen3.errors import CommandError
+from modeling_delta_qwen3 import DeltaQwen3Config
 
 from .config import FinetuneConfig
 from .model import gates_as_scalars, merge_lora
@@ -69,17 +74,15 @@ def prepare_output_dir(config: FinetuneConfig, accelerator: Accelerator) -> None
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, keep: int) -> Path:
-    """Save the training state after `step` (all processes call this), keeping the `keep` most recent (0: all)."""
+    """Save the training state after `step`, keeping the `keep` most recent (0: all). All processes call this and
+    write into the main process's staging directory, which it renames into place once every process is done."""
     root = checkpoints_dir(output_dir)
     target = root / f"{CHECKPOINT_PREFIX}{step:08d}"
-    temporary = root / f".tmp-{target.name}"
+    with staged_directory(target) if accelerator.is_main_process else contextlib.nullcontext() as staging:
+        [staging] = broadcast_object_list([staging])
+        accelerator.save_state(str(staging))
+        accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        shutil.rmtree(temporary, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(temporary))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        replace_directory(temporary, target)
         checkpoints = sorted(root.glob(f"{CHECKPOINT_PREFIX}*"))
         for old in checkpoints[: -keep if keep else 0]:
             shutil.rmtree(old)
@@ -96,12 +99,10 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: str
     state_dict = gates_as_scalars(final.state_dict() if final is not unwrapped else accelerator.get_state_dict(model))
     target = model_dir(output_dir)
     if accelerator.is_main_process:
-        temporary = target.with_name(f".tmp-{target.name}")
-        shutil.rmtree(temporary, ignore_errors=True)
         final.config.dtype = dtype
-        final.save_pretrained(temporary, state_dict=_cast(state_dict, getattr(torch, dtype)))
-        tokenizer.save_pretrained(temporary)
-        replace_directory(temporary, target)
+        with staged_directory(target) as staging:
+            final.save_pretrained(staging, state_dict=_cast(state_dict, getattr(torch, dtype)))
+            tokenizer.save_pretrained(staging)
     accelerator.wait_for_everyone()
     return target
 
@@ -122,8 +123,10 @@ def _cast(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, 
 
 
 def push_to_hub(folder: Path, repo_id: str) -> str:
-    """Upload the final model directory to the Hub repository `repo_id` (created if missing); returns its URL."""
-    api = HfApi()
-    api.create_repo(repo_id, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Upload model trained with finetune")
-    return f"https://huggingface.co/{repo_id}"
+    """Publish the final model directory to the Hub repository `repo_id` (created if missing); returns the commit
+    URL. A DeltaQwen3 model goes through the checked upload with its model card (`conversion.hub.push_to_hub`, as
+    `delta-qwen3 push` does); the Qwen3 baseline, which has no routing to describe, is uploaded as it is."""
+    model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
+    if model_type == DeltaQwen3Config.model_type:
+        return hub.push_to_hub(folder, repo_id)
+    return hub.upload_folder(Path(folder), repo_id, commit_message="Upload Qwen3 baseline trained with finetune")

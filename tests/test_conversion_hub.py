@@ -1,5 +1,6 @@
 """The Hub boundary: a Hub id as SRC (only `snapshot_download` is replaced) and publishing (only the repository
-creation and upload calls are replaced, by a copy into a local folder that is then loaded like a Hub repository)."""
+creation and commit calls are replaced, by writing the commit into a local folder that is then loaded like a Hub
+repository)."""
 
 import shutil
 from types import SimpleNamespace
@@ -35,7 +36,7 @@ def hub_source(tmp_path, qwen3_checkpoint, monkeypatch):
 
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch):
-    """Repository creation and folder upload write into `tmp_path/hub/<repo_id>` instead of the Hub."""
+    """Repository creation and commits write into `tmp_path/hub/<repo_id>` instead of the Hub."""
     root = tmp_path / "hub"
     calls = []
 
@@ -43,14 +44,16 @@ def fake_hub(tmp_path, monkeypatch):
         calls.append(("create_repo", repo_id, kwargs))
         return f"https://huggingface.co/{repo_id}"
 
-    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=(), **kwargs):
-        calls.append(("upload_folder", repo_id, kwargs))
-        ignore = shutil.ignore_patterns(*ignore_patterns)
-        shutil.copytree(folder_path, root / repo_id, ignore=ignore, dirs_exist_ok=True)
+    def create_commit(self, repo_id, operations, **kwargs):
+        calls.append(("create_commit", repo_id, kwargs))
+        for operation in operations:
+            (root / repo_id / operation.path_in_repo).parent.mkdir(parents=True, exist_ok=True)
+            with operation.as_file() as content:
+                (root / repo_id / operation.path_in_repo).write_bytes(content.read())
         return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0000")
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
     return SimpleNamespace(root=root, calls=calls)
 
 
@@ -81,7 +84,7 @@ def test_hub_id_converted_and_published(hub_source, fake_hub, tmp_path, capsys):
     assert {"config.json", "*.safetensors", "tokenizer.json", "README.md"} <= set(call["allow_patterns"])
     assert "*.bin" not in call["allow_patterns"]
     assert [(name, repo, kwargs.get("private")) for name, repo, kwargs in fake_hub.calls] == [
-        ("create_repo", "me/DeltaQwen3-Tiny", True), ("upload_folder", "me/DeltaQwen3-Tiny", None)]
+        ("create_repo", "me/DeltaQwen3-Tiny", True), ("create_commit", "me/DeltaQwen3-Tiny", None)]
 
     published = fake_hub.root / "me/DeltaQwen3-Tiny"
     assert sorted(p.name for p in published.iterdir()) == sorted(p.name for p in out.iterdir())
@@ -109,7 +112,7 @@ def test_push_writes_a_card_only_when_missing(qwen3_checkpoint, fake_hub, tmp_pa
     assert "| routing_num_blocks | `2` (2 layers per block) |" in card.text
     assert f"[DeltaQwen3]({PROJECT_URL})" in card.text
     assert DELTA_ATTNRES_BIBTEX in card.text and ATTNRES_BIBTEX in card.text  # an AttnRes mode cites both papers
-    assert (finetuned / "README.md").read_text() == (fake_hub.root / "me/tuned/README.md").read_text()
+    assert not (finetuned / "README.md").exists()  # the card is uploaded, never written into DIR
 
     (finetuned / "README.md").write_text("---\nlicense: mit\n---\n# My own card\n")
     assert push_to_hub(finetuned, "me/tuned2") == "https://huggingface.co/me/tuned2/commit/0000"
