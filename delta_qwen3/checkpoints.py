@@ -56,4 +56,7 @@ def check_model_source(src: str | Path, option: str) -> None:
     if not (path / CONFIG_NAME).is_file():
         raise CommandError(f"{option} {src} is not a checkpoint: it has no {CONFIG_NAME}")
     for file in sorted(path.glob("*.safetensors")):
-        read_safetensors_header(file)
+        try:
+            read_safetensors_header(file)
+        except CommandError as error:
+            raise CommandError(f"{option} {src}: {error}") from None

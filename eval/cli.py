@@ -32,11 +32,13 @@ def _default_device() -> str:
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ROUTING_WINDOW = 1024  # routing's default window; a model with fewer positions is read in windows of its own size
 
 
 def _add_text_source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="a .txt file, a .jsonl file or a Hub dataset id")
-    parser.add_argument("--text-field", default="text", help="field holding the text (.jsonl, Hub; default: text)")
+    parser.add_argument("--data", required=True, help="Hub dataset id, or a local file or directory of them: a .txt file is one document, "
+                        "a .jsonl / .json file one document per line, a .parquet file one per row")
+    parser.add_argument("--text-field", default="text", help="field holding the text (JSON lines, parquet, Hub; default: text)")
     parser.add_argument("--split", default="validation", help="Hub dataset split (default: validation)")
     parser.add_argument("--config", default=None, help="Hub dataset configuration, e.g. wikitext-2-raw-v1")
     parser.add_argument("--limit", type=_positive_int, default=None, help="use at most this many documents")
@@ -85,12 +87,18 @@ def register(subparsers) -> None:
     )
     routing.add_argument("models", nargs="+", metavar="MODEL")
     _add_text_source_arguments(routing)
-    routing.add_argument("--max-length", type=_positive_int, default=1024, help="tokens per forward pass")
+    routing.add_argument(
+        "--max-length", type=_positive_int, default=None,
+        help=f"tokens per forward pass (default: {ROUTING_WINDOW}, or the model's positions if fewer)",
+    )
     routing.add_argument("--out", type=Path, required=True, help="output directory")
+    routing.add_argument("--overwrite", action="store_true", help="replace the report of an earlier run in --out")
     routing.set_defaults(func=run_routing)
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from delta_qwen3.atomic import write_json
+    from delta_qwen3.output_paths import check_output_file, reporting_write_failure
     from .benchmarks import resolve_benchmarks
     from .local_data import export_data
     from .runner import format_table, run_benchmarks
@@ -101,6 +109,7 @@ def run_eval(args: argparse.Namespace) -> int:
         counts = export_data(Path(args.models[1]), resolve_benchmarks(args.tasks))
         print(json.dumps({"data_dir": args.models[1], "documents": counts}))
         return 0
+    check_output_file(args.output, "--output")
     results = run_benchmarks(
         args.models,
         tasks=args.tasks,
@@ -109,47 +118,59 @@ def run_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=args.device or _default_device(),
         dtype=args.dtype,
-        output=args.output,
     )
     print(format_table(results))
+    with reporting_write_failure("--output", args.output):
+        write_json(args.output, results)
     print(f"results written to {args.output}", file=sys.stderr)
     return 0
 
 
 def run_ppl(args: argparse.Namespace) -> int:
     from delta_qwen3.atomic import write_json
-    from .models import load_causal_lm
+    from delta_qwen3.output_paths import check_output_file, reporting_write_failure
+    from .models import check_models, check_window, load_causal_lm
     from .perplexity import perplexity
-    from .texts import load_texts
+    from delta_qwen3.texts import read_texts
 
-    texts = load_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
+    if args.output is not None:
+        check_output_file(args.output, "--output")
+    check_models([args.model])
+    check_window(args.max_length, args.model)
+    texts = read_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
     model, tokenizer = load_causal_lm(args.model, device=args.device or _default_device(), dtype=args.dtype)
     try:
         value = perplexity(model, tokenizer, texts, max_length=args.max_length, stride=args.stride)
     except ValueError as error:
         raise CommandError(str(error)) from None
     result = {"model": args.model, "data": args.data, "documents": len(texts), "perplexity": value}
-    if args.output is not None:
-        write_json(args.output, result)
     print(json.dumps(result))
+    if args.output is not None:
+        with reporting_write_failure("--output", args.output):
+            write_json(args.output, result)
     return 0
 
 
 def run_routing(args: argparse.Namespace) -> int:
-    from .models import load_causal_lm, require_distinct
+    from delta_qwen3.output_paths import check_output_dir, reporting_write_failure
+    from .models import check_models, check_window, load_causal_lm
     from .routing import routing_statistics
-    from .routing_plots import write_routing_report
-    from .texts import load_texts
+    from .routing_plots import REPORT_FILES, sharpness_label, write_routing_report
+    from delta_qwen3.texts import read_texts
 
-    require_distinct(args.models)
-    texts = load_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
+    check_output_dir(args.out, "--out", overwrite=args.overwrite, files=REPORT_FILES)
+    check_models(args.models)
+    for name in args.models:
+        check_window(args.max_length, name)
+    texts = read_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
     runs = {}
     for name in args.models:
         model, tokenizer = load_causal_lm(name, device=args.device or _default_device(), dtype=args.dtype)
-        runs[name] = routing_statistics(model, tokenizer, texts, max_length=args.max_length)
+        runs[name] = routing_statistics(model, tokenizer, texts, max_length=args.max_length or ROUTING_WINDOW)
         del model  # before the next model loads
-        print(f"{name}: mean max weight {runs[name]['mean_max_weight']:.4f}, "
-              f"mean entropy {runs[name]['mean_entropy']:.4f} nats", file=sys.stderr)
-    write_routing_report(runs, args.out, data=args.data, documents=len(texts))
+        print(f"{name}: {sharpness_label(runs[name])}, mean entropy {runs[name]['mean_entropy']:.4f} nats",
+              file=sys.stderr)
     print(json.dumps({name: stats["mean_max_weight"] for name, stats in runs.items()}))
+    with reporting_write_failure("--out", args.out):
+        write_routing_report(runs, args.out, data=args.data, documents=len(texts))
     return 0

@@ -7,20 +7,15 @@ import lm_eval
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
-from delta_qwen3.errors import CommandError
-
 from .benchmarks import BY_NAME, Benchmark, resolve_benchmarks
-from delta_qwen3.atomic import write_json
 from .local_data import check_data_file, task_config
-from .models import require_distinct
+from .models import check_models, load_causal_lm
 
 
 def load_lm(model: str, *, batch_size: int | str, device: str, dtype: str = "auto") -> HFLM:
-    """lm-eval's Hugging Face wrapper around a Hub id or directory, with `trust_remote_code` on."""
-    try:
-        return HFLM(pretrained=model, trust_remote_code=True, batch_size=batch_size, device=device, dtype=dtype)
-    except Exception as error:  # transformers raises OSError, ValueError, KeyError... for unusable checkpoints
-        raise CommandError(f"could not load model {model!r}: {type(error).__name__}: {error}") from error
+    """lm-eval's Hugging Face wrapper around the model and tokenizer that `load_causal_lm` loads."""
+    causal_lm, tokenizer = load_causal_lm(model, device=device, dtype=dtype)
+    return HFLM(pretrained=causal_lm, tokenizer=tokenizer, batch_size=batch_size)
 
 
 def _task_results(raw: dict, benchmark: Benchmark) -> dict:
@@ -66,24 +61,23 @@ def run_benchmarks(
     batch_size: int | str = 8,
     device: str = "cpu",
     dtype: str = "auto",
-    output: str | Path | None = None,
 ) -> dict:
     """Evaluate each model (Hub id or directory) on `tasks` ("paper" for all eight, or benchmark names).
 
     With `data_dir`, documents come from its JSON-lines files (checked before any model is loaded) instead of the
-    Hub. `dtype` is "auto" (the checkpoint's) or a torch dtype name. Returns, and writes to `output` when given:
+    Hub. `dtype` is "auto" (the checkpoint's) or a torch dtype name. Returns:
 
         {"tasks", "metrics", "data", "limit", "lm_eval",
          "models": {model: {"tasks": {name: {"metric", "value", "stderr", "documents"}}, "average"}}}
 
     Values are fractions; "average" is the unweighted mean over the tasks, like the paper's "Avg" column.
     """
-    require_distinct(models)
     benchmarks = resolve_benchmarks(tasks)
     if data_dir is not None:
         data_dir = Path(data_dir)
         for benchmark in benchmarks:
             check_data_file(benchmark, data_dir)
+    check_models(models)
     results = {
         "tasks": [benchmark.name for benchmark in benchmarks],
         "metrics": {benchmark.name: benchmark.metric for benchmark in benchmarks},
@@ -97,8 +91,6 @@ def run_benchmarks(
             for model in models
         },
     }
-    if output is not None:
-        write_json(Path(output), results)
     return results
 
 

@@ -12,6 +12,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
+from delta_qwen3.checkpoints import check_model_source, local_directory
 from delta_qwen3.errors import CommandError
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
@@ -34,8 +35,14 @@ def mode_of(model_config: PretrainedConfig) -> str:
 
 
 def load_tokenizer(config: FinetuneConfig):
-    """`--tokenizer`, by default `--model`'s own."""
-    option, source = ("--tokenizer", config.tokenizer) if config.tokenizer else ("--model", config.model)
+    """`--tokenizer`, by default `--model`'s own. A model directory is checked whole first: its tokenizer may load
+    even when the model cannot, or fail with text about tokenizer files when the directory is no checkpoint."""
+    if config.tokenizer:
+        option, source = "--tokenizer", config.tokenizer
+        local_directory(source, option)
+    else:
+        option, source = "--model", config.model
+        check_model_source(source, option)
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as error:
@@ -58,6 +65,7 @@ def build_model_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
 
 
 def _checkpoint_config(config: FinetuneConfig) -> PretrainedConfig:
+    check_model_source(config.model, "--model")
     try:
         model_config = AutoConfig.from_pretrained(config.model)
     except (OSError, ValueError) as error:

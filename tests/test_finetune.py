@@ -174,7 +174,7 @@ def test_missing_model(tmp_path, corpus, capsys):
     err = fails_before_training(
         tiny_run_args(corpus, tmp_path / "out", "--model", str(tmp_path / "nowhere")), capsys, tmp_path / "out"
     )
-    assert f"finetune: error: --model {tmp_path / 'nowhere'}: cannot load" in err
+    assert f"finetune: error: --model {tmp_path / 'nowhere'} does not exist (and is not a Hub model id" in err
 
 
 TEN_TOKENS = '{"text": "def f(): pass"}\n'  # nine tokens and the end-of-text token
