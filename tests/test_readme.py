@@ -229,3 +229,10 @@ def test_an_option_the_program_lacks_is_refused(capsys, exact_options):
         parse(args)
     assert (name, exit.value.code) == ("python -m finetune", 2)
     assert "unrecognized arguments: --learning-rate 1 --lora-r 16" in capsys.readouterr().err
+
+
+def test_readme_cites_the_papers_as_the_model_card_does():
+    from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"```bibtex\n{DELTA_ATTNRES_BIBTEX}\n\n{ATTNRES_BIBTEX}\n```" in readme
