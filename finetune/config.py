@@ -1,6 +1,7 @@
 """Every option of a fine-tuning or pre-training run, in one dataclass; the command line is generated from it."""
 
 import argparse
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from delta_qwen3.errors import CommandError
@@ -84,7 +85,9 @@ class FinetuneConfig:
     max_steps: int = option(1000, "optimiser steps", "optimisation")
     batch_size: int = option(8, "blocks per micro-batch per process", "optimisation")
     grad_accum: int = option(1, "micro-batches per optimiser step", "optimisation")
-    max_grad_norm: float = option(1.0, "gradient clipping norm (0 disables clipping)", "optimisation")
+    max_grad_norm: float = option(
+        1.0, "gradient clipping norm (0 disables clipping; the norm is still logged and checked)", "optimisation"
+    )
     mixed_precision: str | None = option(
         None, "no, fp16 or bf16 (default: accelerate's configuration)", "optimisation", choices=("no", "fp16", "bf16")
     )
@@ -145,15 +148,36 @@ class FinetuneConfig:
             raise CommandError("--freeze-base and --lora exclude each other")
         if self.resume and self.overwrite:
             raise CommandError("--resume and --overwrite exclude each other")
-        positive = ("seq_len", "val_blocks", "max_steps", "batch_size", "grad_accum", "log_every", "eval_every",
-                    "lora_rank", "shuffle_buffer")  # fmt: skip
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0 or self.save_every < 0 or self.keep_checkpoints < 0:
-            raise CommandError("--warmup-steps, --save-every and --keep-checkpoints must not be negative")
         if self.seq_len < 2:
             raise CommandError(f"--seq-len must be at least 2 (one prediction needs two tokens), got {self.seq_len}")
+        positive = ("val_blocks", "max_steps", "batch_size", "grad_accum", "log_every", "eval_every", "lora_rank",
+                    "shuffle_buffer")  # fmt: skip
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise CommandError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.save_every < 0 or self.keep_checkpoints < 0:
+            raise CommandError("--warmup-steps, --save-every and --keep-checkpoints must not be negative")
+        self._validate_numbers()
+
+    def _validate_numbers(self) -> None:
+        """NaN passes every comparison, so a NaN rate would train to the end on NaN weights: every number must be
+        finite, the rates and norms non-negative, and the schedule's floor a fraction of the peak."""
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise CommandError(f"{flag(spec.name)} must be a finite number, got {value}")
+        for name in ("lr", "lr_routing", "weight_decay", "max_grad_norm"):
+            if (getattr(self, name) or 0) < 0:
+                raise CommandError(f"{flag(name)} must not be negative, got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise CommandError(f"--min-lr-ratio must be between 0 and 1 (a fraction of the peak rate), got "
+                               f"{self.min_lr_ratio}")  # fmt: skip
+
+
+def flag(name: str) -> str:
+    """The command-line option of field `name`."""
+    return "--" + name.replace("_", "-")
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,15 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     for spec in fields(FinetuneConfig):
         meta = dict(spec.metadata)
         group = groups.setdefault(meta.pop("group"), parser.add_argument_group(spec.metadata["group"]))
-        flag = "--" + spec.name.replace("_", "-")
         if spec.type is bool:
-            group.add_argument(flag, action="store_true", **meta)
+            group.add_argument(flag(spec.name), action="store_true", **meta)
             continue
         kind = str(spec.type)
         value_type = int if "int" in kind else float if "float" in kind else str
         default = "" if spec.default is MISSING or spec.default is None else f" (default: {spec.default})"
         meta["help"] = meta["help"] + (default if "default" not in meta["help"] else "")
-        group.add_argument(flag, type=value_type, **meta)
+        group.add_argument(flag(spec.name), type=value_type, **meta)
     return parser
 
 
