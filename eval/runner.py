@@ -1,9 +1,11 @@
 """Run the paper's benchmarks through lm-eval for one or more models and lay the results out like the paper's
 table: one row per model, one column per benchmark, then the average."""
 
+import logging
 from pathlib import Path
 
 import lm_eval
+from lm_eval.models import huggingface
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
@@ -13,9 +15,18 @@ from .models import check_models, load_causal_lm
 
 
 def load_lm(model: str, *, batch_size: int | str, device: str, dtype: str = "auto") -> HFLM:
-    """lm-eval's Hugging Face wrapper around the model and tokenizer that `load_causal_lm` loads."""
+    """lm-eval's Hugging Face wrapper around the model and tokenizer that `load_causal_lm` loads.
+
+    Given a loaded model, the wrapper warns that other arguments may be ignored and that it must not run under
+    accelerate: none is passed that it ignores, and evaluation runs in one process, so those warnings are muted.
+    """
     causal_lm, tokenizer = load_causal_lm(model, device=device, dtype=dtype)
-    return HFLM(pretrained=causal_lm, tokenizer=tokenizer, batch_size=batch_size)
+    level = huggingface.eval_logger.level
+    huggingface.eval_logger.setLevel(logging.ERROR)
+    try:
+        return HFLM(pretrained=causal_lm, tokenizer=tokenizer, batch_size=batch_size)
+    finally:
+        huggingface.eval_logger.setLevel(level)
 
 
 def _task_results(raw: dict, benchmark: Benchmark) -> dict:
