@@ -3,6 +3,7 @@ refused in one line with exit code 2 before anything is computed, with existing 
 fails at the end still shows the results."""
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -258,3 +259,10 @@ def test_finetune_names_unusable_model_sources_before_training(qwen3_checkpoint,
         assert capsys.readouterr().err.strip().splitlines()[-1] == f"finetune: error: --model {message}"
         assert (tree_digest(model) if model.exists() else None) == before
         assert not (tmp_path / "out" / "train_log.jsonl").exists()
+
+
+def test_lm_eval_is_given_the_loaded_model_without_warnings(qwen3_checkpoint, caplog):
+    with caplog.at_level(logging.WARNING):
+        lm = eval.runner.load_lm(str(qwen3_checkpoint), batch_size=1, device="cpu")
+    assert [record.getMessage() for record in caplog.records if record.name.startswith("lm_eval")] == []
+    assert lm.model.config.model_type == "qwen3" and not lm.model.training
