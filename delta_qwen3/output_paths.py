@@ -5,7 +5,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import CommandError
+from .errors import CommandError, RunError
 
 
 def _check_parents(path: Path, option: str) -> None:
@@ -45,10 +45,11 @@ def check_output_dir(path: Path, option: str, *, overwrite: bool, files: Iterabl
 
 @contextmanager
 def reporting_write_failure(option: str, path: Path) -> Iterator[None]:
-    """Turn a failure to write `path` (disk full, permissions, the path taken meanwhile) into one line; the
-    command prints its results before writing them, so they are not lost with it."""
+    """Turn a failure to write `path` (disk full, permissions, the path taken meanwhile) into one line and exit
+    status 1 (the work was done; the input was not at fault); the command prints its results before writing them,
+    so they are not lost with it."""
     try:
         yield
     except OSError as error:
         reason = error.strerror or str(error)
-        raise CommandError(f"could not write {option} {path}: {reason} (the results are printed above)") from None
+        raise RunError(f"could not write {option} {path}: {reason} (the results are printed above)") from None
