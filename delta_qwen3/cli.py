@@ -7,7 +7,7 @@ import sys
 from .interrupts import run_command
 
 # Modules that define `register(subparsers)`; each sets `func(args) -> int` on its parsers.
-SUBCOMMAND_MODULES = ("conversion.cli", "eval.cli")
+SUBCOMMAND_MODULES = ("conversion.cli", "eval.cli", "study.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,16 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, max_position_embeddings=1024, **_TINY_ATTENTION
     ),
+    # ~1.6M parameters besides the embeddings at 8 layers: the CPU depth study (`delta-qwen3 study`).
+    "mini": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+    ),
     # ~6.3M parameters besides the embeddings: a CPU demo that learns visibly in minutes.
     "small": dict(
         hidden_size=256,

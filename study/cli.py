@@ -1,0 +1,85 @@
+"""`delta-qwen3 study`: the paper's comparison (routing modes x depths x seeds, x block counts for the block modes)
+from scratch, resumable, with one results JSON, a table and pictures."""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from delta_qwen3.atomic import write_json
+from delta_qwen3.errors import CommandError
+from finetune.config import MODES, parse_args
+from finetune.presets import PRESETS
+from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
+
+from .grid import expand_grid
+from .report import format_table, summarise, write_pictures
+from .runs import StudySettings, run_one
+
+RESULTS_NAME = "results.json"
+# Options each run sets itself; the shared finetune options after `--` must not.
+PER_RUN_OPTIONS = ("--from-scratch", "--mode", "--model-config", "--preset", "--seed", "--output-dir", "--num-blocks",
+                   "--resume", "--overwrite", "--model")  # fmt: skip
+
+
+def register(subparsers) -> None:
+    study = subparsers.add_parser(
+        "study",
+        help="the paper's comparison: modes x depths x seeds from scratch, resumable, one results table",
+        usage="delta-qwen3 study --out DIR [options] -- FINETUNE_OPTIONS",
+        description="Pre-train one model per routing mode, depth, block count (block modes) and seed through "
+        "`finetune` (FINETUNE_OPTIONS after `--` are shared by every run: --data, --tokenizer, --seq-len, "
+        "--max-steps, ...), then score each on the held-out documents (validation perplexity, routing sharpness). "
+        "Runs already finished are read back; a killed run resumes from its checkpoint: run the same command again.",
+    )
+    study.add_argument("--out", type=Path, required=True, help="study directory (one subdirectory per run)")
+    study.add_argument("--modes", nargs="+", choices=MODES, default=["baseline", "delta_block", "delta", "attnres_block"])
+    study.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16], help="numbers of layers")
+    study.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    study.add_argument("--num-blocks", nargs="+", type=int, default=[4], help="block counts of the block modes")
+    study.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                       help="model shape; each run replaces its number of layers")  # fmt: skip
+    study.add_argument("--launcher", default=shlex.quote(sys.executable),
+                       help='how finetune is started, e.g. "accelerate launch --num_processes 2" (default: this Python)')  # fmt: skip
+    study.add_argument("--validation-data", default=None,
+                       help="documents to score (default: each run's held-out documents, the same for every run)")  # fmt: skip
+    study.add_argument("--device", default="cpu", help="torch device for scoring")
+    study.add_argument("finetune_args", nargs=argparse.REMAINDER, help="options for every finetune run, after --")
+    study.set_defaults(func=run_study)
+
+
+def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], int]:
+    """The options after `--`, checked by finetune's own parser; and the block length, which scoring uses."""
+    shared = args.finetune_args[1:] if args.finetune_args[:1] == ["--"] else args.finetune_args
+    own = [option for option in shared if option.split("=")[0] in PER_RUN_OPTIONS]
+    if own:
+        raise CommandError(f"{', '.join(own)}: set by the study for each run; leave it out of the finetune options")
+    if any(depth < 1 for depth in args.depths):
+        raise CommandError(f"--depths must be at least 1, got {args.depths}")
+    if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 1:
+        raise CommandError(f"--seeds must be distinct, got {args.seeds}")
+    for layers in args.depths:
+        for blocks in args.num_blocks if set(args.modes) & set(BLOCK_MODES) else []:
+            if not 1 <= blocks <= layers:
+                raise CommandError(f"--num-blocks {blocks} must be between 1 and the depth, here {layers}")
+    config = parse_args([*shared, "--from-scratch", "--preset", args.preset, "--mode", "baseline",
+                         "--output-dir", str(args.out)])  # fmt: skip
+    return shared, config.seq_len
+
+
+def run_study(args: argparse.Namespace) -> int:
+    shared, seq_len = _shared_finetune_args(args)
+    settings = StudySettings(args.out, shlex.split(args.launcher), args.preset, shared, args.validation_data, seq_len,
+                             args.device)  # fmt: skip
+    runs = expand_grid(args.modes, args.depths, args.seeds, args.num_blocks)
+    results = []
+    for index, run in enumerate(runs, start=1):
+        print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
+        results.append(run_one(run, settings))
+    summary = summarise(results)
+    print(format_table(summary))
+    write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,
+                                         "runs": results})  # fmt: skip
+    for path in write_pictures(summary, results, args.out):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,98 @@
+"""One run of a study: pre-train through `finetune` (a subprocess, so `accelerate launch` and GPUs work as for any
+run), then score the final model on held-out documents; `result.json` marks a run as finished.
+
+    OUT/runs/NAME/train/         the finetune run directory (checkpoints, train_log.jsonl, model/)
+    OUT/runs/NAME/result.json    validation perplexity, routing sharpness, tokens/s
+
+A run without `result.json` is resumed: `finetune --resume` continues from its latest checkpoint (or starts), and a
+run whose training finished is only scored.
+"""
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from delta_qwen3.atomic import write_json
+from delta_qwen3.errors import RunError
+from delta_qwen3.texts import read_texts
+from eval.models import load_causal_lm
+from eval.perplexity import perplexity
+from eval.routing import routing_statistics
+from finetune.outputs import log_path, model_dir, validation_documents_path
+
+from .grid import Run, write_model_config
+
+RESULT_NAME = "result.json"
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What every run of a study shares."""
+
+    out: Path
+    launcher: list[str]  # how finetune starts, e.g. [python] or [accelerate, launch, --num_processes, 2]
+    preset: str
+    finetune_args: list[str]  # the options every run passes to finetune
+    validation_data: str | None  # scored documents; None: each run's held-out documents
+    max_length: int  # scoring windows: the training block length, without overlap
+    device: str
+
+
+def run_dir(out: Path, run: Run) -> Path:
+    return out / "runs" / run.name
+
+
+def finetune_command(run: Run, settings: StudySettings, directory: Path) -> list[str]:
+    """The run's `finetune` command line: the study's shared options plus what makes this run this run."""
+    model_config = write_model_config(run, settings.preset, directory)
+    own = ["--from-scratch", "--mode", run.mode, "--model-config", str(model_config), "--seed", str(run.seed),
+           "--output-dir", str(directory / "train"), "--resume"]  # fmt: skip
+    if run.num_blocks is not None:
+        own += ["--num-blocks", str(run.num_blocks)]
+    return [*settings.launcher, "-m", "finetune", *settings.finetune_args, *own]
+
+
+def train(run: Run, settings: StudySettings, directory: Path) -> None:
+    if model_dir(directory / "train").is_dir():
+        return  # trained; killed while scoring
+    command = finetune_command(run, settings, directory)
+    print("$ " + " ".join(command), flush=True)
+    if subprocess.run(command).returncode != 0:
+        raise RunError(f"run {run.name} failed in finetune (its output is above); run the study again to resume it")
+    if not model_dir(directory / "train").is_dir():
+        raise RunError(f"run {run.name} stopped before its last step (--stop-after-step); run the study again "
+                       "without it to continue")  # fmt: skip
+
+
+def score(run: Run, settings: StudySettings, directory: Path) -> dict:
+    """Validation perplexity (windows of the training block length, no overlap) and routing sharpness on the
+    held-out documents, the run's mean training tokens/s and its validation loss curve."""
+    train_dir = directory / "train"
+    texts = read_texts(settings.validation_data or str(validation_documents_path(train_dir)),
+                       option="--validation-data")  # fmt: skip
+    model, tokenizer = load_causal_lm(str(model_dir(train_dir)), device=settings.device)
+    length = settings.max_length
+    result = {**run.to_dict(), "group": run.group, "documents": len(texts),
+              "val_ppl": perplexity(model, tokenizer, texts, max_length=length, stride=length)}  # fmt: skip
+    if run.mode != "baseline":
+        stats = routing_statistics(model, tokenizer, texts, max_length=length)
+        result |= {key: stats[key] for key in ("mean_max_weight", "mean_max_weight_multi_source", "mean_entropy")}
+    log = [json.loads(line) for line in log_path(train_dir).read_text().splitlines()]
+    speeds = [line["tokens_per_s"] for line in log if "tokens_per_s" in line]
+    result["tokens_per_s"] = sum(speeds) / len(speeds)
+    result["val_loss_curve"] = [[line["step"], line["val_loss"]] for line in log if "val_loss" in line]
+    return result
+
+
+def run_one(run: Run, settings: StudySettings) -> dict:
+    """The run's result: read back if it finished before, else trained (or resumed) and scored now."""
+    directory = run_dir(settings.out, run)
+    result_path = directory / RESULT_NAME
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    directory.mkdir(parents=True, exist_ok=True)
+    train(run, settings, directory)
+    result = score(run, settings, directory)
+    write_json(result_path, result)
+    return result
