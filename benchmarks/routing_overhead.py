@@ -23,7 +23,6 @@ training >= 0.95 / 0.85; decoding >= 0.95 for both.
 
 import argparse
 import ctypes
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
+from delta_qwen3.jsonl import json_text
 from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.modeling_delta_qwen3 import CACHE_NAME
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nall targets met" if not missed else "\ntargets missed:\n" + "\n".join(missed))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(results, indent=2))
+        output.write_text(json_text(results, indent=2) + "\n")
     return 0
 
 

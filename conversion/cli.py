@@ -44,7 +44,7 @@ def run_convert(args: argparse.Namespace) -> int:
         print("Note: the converted model no longer matches the source until it is fine-tuned.")
     if args.verify:
         difference = verify(args.src, out, revision=args.revision, token=args.token, cache_dir=args.cache_dir)
-        cause = f" (the {config.dtype} rounding of the weights)" if caveat else ""
+        cause = f" (the {args.dtype} rounding of the weights)" if caveat else ""
         print(f"Largest logit difference on the probe batch: {difference:.3e}{cause}")
     if args.push_to_hub:
         print(f"Published: {push_to_hub(out, args.push_to_hub, private=args.private, token=args.token)}")

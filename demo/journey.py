@@ -2,7 +2,6 @@
 base model -> convert to Delta Block (exact) -> fine-tune baseline and Delta Block with `accelerate launch` ->
 evaluate both (perplexity, the eight benchmarks, routing sharpness) -> one table."""
 
-import json
 import os
 import random
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 from conversion import convert, verify
 from delta_qwen3.atomic import write_json
 from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
-from delta_qwen3.jsonl import read_json_lines, write_json_lines
+from delta_qwen3.jsonl import json_text, read_json_lines, write_json_lines
 from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics
@@ -104,7 +103,7 @@ def pretrain_base(settings: DemoSettings, corpus: dict[str, Path]) -> Path:
     texts = [document["text"] for _, document in read_json_lines(corpus["pretrain"])]
     train_bpe_tokenizer(texts, settings.vocab_size).save_pretrained(tokenizer_dir)
     config_file = settings.out / "base-config.json"
-    config_file.write_text(json.dumps(DEMO_BASE_CONFIG))
+    config_file.write_text(json_text(DEMO_BASE_CONFIG))
     run_dir = settings.out / "pretrain"
     command = finetune_command(
         settings,

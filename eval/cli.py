@@ -5,11 +5,11 @@ module's parsers, and those imports take seconds.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from delta_qwen3.errors import CommandError
+from delta_qwen3.jsonl import json_text
 
 EXPORT_DATA = "export-data"
 
@@ -107,7 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
         if len(args.models) != 2:
             raise CommandError(f"usage: delta-qwen3 eval {EXPORT_DATA} DIR [--tasks T]")
         counts = export_data(Path(args.models[1]), resolve_benchmarks(args.tasks))
-        print(json.dumps({"data_dir": args.models[1], "documents": counts}))
+        print(json_text({"data_dir": args.models[1], "documents": counts}))
         return 0
     check_output_file(args.output, "--output")
     results = run_benchmarks(
@@ -144,7 +144,7 @@ def run_ppl(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     result = {"model": args.model, "data": args.data, "documents": len(texts), "perplexity": value}
-    print(json.dumps(result))
+    print(json_text(result))
     if args.output is not None:
         with reporting_write_failure("--output", args.output):
             write_json(args.output, result)
@@ -170,7 +170,7 @@ def run_routing(args: argparse.Namespace) -> int:
         del model  # before the next model loads
         print(f"{name}: {sharpness_label(runs[name])}, mean entropy {runs[name]['mean_entropy']:.4f} nats",
               file=sys.stderr)
-    print(json.dumps({name: stats["mean_max_weight"] for name, stats in runs.items()}))
+    print(json_text({name: stats["mean_max_weight"] for name, stats in runs.items()}))
     with reporting_write_failure("--out", args.out):
         write_routing_report(runs, args.out, data=args.data, documents=len(texts))
     return 0

@@ -5,14 +5,13 @@ YAML into an lm-eval task configuration that reads that file instead of the Hub;
 directory from the Hub on a machine that has it.
 """
 
-import json
 from pathlib import Path
 
 import datasets
 from lm_eval.tasks._yaml_loader import load_yaml
 
 from delta_qwen3.errors import CommandError
-from delta_qwen3.jsonl import read_json_lines
+from delta_qwen3.jsonl import json_text, read_json_lines
 
 from .benchmarks import Benchmark
 from delta_qwen3.atomic import atomic_output
@@ -74,6 +73,6 @@ def export_data(out_dir: Path, benchmarks: list[Benchmark]) -> dict[str, int]:
         with atomic_output(Path(out_dir) / benchmark.data_file) as temporary:
             with temporary.open("w", encoding="utf-8") as out:
                 for document in documents:
-                    out.write(json.dumps(document, ensure_ascii=False) + "\n")
+                    out.write(json_text(document, ensure_ascii=False) + "\n")
         counts[benchmark.name] = len(documents)
     return counts

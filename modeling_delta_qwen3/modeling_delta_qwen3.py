@@ -247,10 +247,14 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
     ```python
     >>> from transformers import AutoModelForCausalLM, AutoTokenizer
     >>> model = AutoModelForCausalLM.from_pretrained("path/or/repo", trust_remote_code=True)
-    >>> tokenizer = AutoTokenizer.from_pretrained("path/or/repo")
+    >>> tokenizer = AutoTokenizer.from_pretrained("path/or/repo", trust_remote_code=True)
     >>> out = model.generate(**tokenizer("Depth routing", return_tensors="pt"), max_new_tokens=20)
     >>> weights = model(**tokenizer("Depth routing", return_tensors="pt"), output_routing_weights=True).routing_weights
     ```
+
+    The tokenizer is the source's own, but `AutoTokenizer` reads `config.json` before `tokenizer_config.json`, and
+    its `auto_map` names this model's code: without `trust_remote_code` it asks on the terminal whether to run that
+    code. `trust_remote_code=False` loads the same tokenizer without running any.
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}

@@ -84,10 +84,12 @@ sys.meta_path.insert(0, _BlockProject())
 
 def run_without_project(code: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter in which none of this project's packages can be imported, the way a user
-    who only has Transformers loads a checkpoint with `trust_remote_code=True`. Raises with its output on failure."""
+    who only has Transformers loads a checkpoint with `trust_remote_code=True`; with stdin closed, as in a batch job,
+    so a question on the terminal fails instead of waiting. Raises with its output on failure."""
     script = _BLOCK_PROJECT + textwrap.dedent(code)
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=cwd, env=isolated_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", script], cwd=cwd, env=isolated_env(), stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=timeout,
     )
     if result.returncode != 0:
         raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")

@@ -10,10 +10,13 @@ import pytest
 from conftest import last_json_line, run_without_project
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import LocalEntryNotFoundError
+from test_conversion import tree_digest
 
 from conversion import convert, push_to_hub
 from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL
 from delta_qwen3.cli import main
+from delta_qwen3.errors import CommandError
+from finetune.outputs import push_to_hub as finetune_push
 
 LICENSED_CARD = "---\nlicense: apache-2.0\nlanguage: en\n---\n# Tiny Qwen3\n"
 
@@ -138,3 +141,39 @@ def test_hub_errors_are_command_errors(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "SRC Qwen/No-Such-Model is not a local directory and could not be fetched from the Hub" in err
     assert "outgoing traffic is disabled" in err and not (tmp_path / "out").exists()
+
+
+def test_push_never_writes_into_dir_even_when_the_upload_fails(qwen3_checkpoint, fake_hub, tmp_path, monkeypatch,
+                                                               capsys):
+    converted = convert(qwen3_checkpoint, tmp_path / "c", num_blocks=2)
+    (converted / "README.md").unlink()
+    before = tree_digest(converted)
+
+    def unreachable(self, repo_id, operations, **kwargs):
+        raise ConnectionError("Hub unreachable")
+
+    with monkeypatch.context() as offline:
+        offline.setattr(HfApi, "create_commit", unreachable)
+        assert main(["push", str(converted), "me/x"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == f"delta-qwen3 push: error: could not publish {converted} to me/x: Hub unreachable"
+    assert tree_digest(converted) == before
+
+    assert main(["push", str(converted), "me/x"]) == 0
+    assert ModelCard.load(fake_hub.root / "me/x/README.md").data.library_name == "transformers"
+    assert tree_digest(converted) == before
+
+
+def test_finetune_publishes_through_the_checked_upload_with_a_card(qwen3_checkpoint, fake_hub, tmp_path):
+    """`finetune --push-to-hub` and `delta-qwen3 push` are the same upload: the model card is published (not
+    written into the run's model directory) and a directory that would not load is refused."""
+    model = convert(qwen3_checkpoint, tmp_path / "run" / "model", num_blocks=2)
+    (model / "README.md").unlink()
+    before = tree_digest(model)
+    assert finetune_push(model, "me/tuned") == "https://huggingface.co/me/tuned/commit/0000"
+    assert "| routing_mode | `delta_block` |" in (fake_hub.root / "me/tuned/README.md").read_text()
+    assert tree_digest(model) == before
+    (model / "routing.py").unlink()
+    with pytest.raises(CommandError, match=r"lacks the model code for trust_remote_code \(routing.py\)"):
+        finetune_push(model, "me/tuned2")
+    assert not (fake_hub.root / "me/tuned2").exists()

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -184,7 +185,12 @@ def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, cor
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     uploads = []
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: uploads.append(("create", repo_id)))
-    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kwargs: uploads.append(("upload", kwargs)))
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        uploads.append(("commit", repo_id, sorted(operation.path_in_repo for operation in operations)))
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0000")
+
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
     out = tmp_path / "scratch"
     scratch = ("--from-scratch", "--preset", "tiny", "--mode", "baseline", "--tokenizer", str(tmp_path / "tokenizer"))
     assert (
@@ -199,8 +205,7 @@ def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, cor
     assert isinstance(AutoModelForCausalLM.from_pretrained(out / "model"), Qwen3ForCausalLM)
     assert AutoTokenizer.from_pretrained(out / "model")("def f(x):")["input_ids"] == tokenizer("def f(x):")["input_ids"]
     assert uploads[0] == ("create", "someone/tiny-baseline")
-    assert uploads[1][1]["repo_id"] == "someone/tiny-baseline"
-    assert uploads[1][1]["folder_path"] == str(out / "model")
+    assert uploads[1] == ("commit", "someone/tiny-baseline", sorted(p.name for p in (out / "model").iterdir()))
 
 
 def test_from_scratch_routing_model_from_a_config_file(tmp_path, corpus, tokenizer):
