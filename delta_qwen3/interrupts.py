@@ -17,9 +17,23 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what shells report for a command en
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+UNFINISHED_NOT_KEPT = "unfinished outputs were not kept"
+
+
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived; `args[0]` is the signal's name. A `KeyboardInterrupt`, so code that cleans up
-    after Ctrl-C cleans up after SIGTERM too."""
+    """SIGINT or SIGTERM arrived: `signal_name` says which, `outcome` what became of the command's work. A
+    `KeyboardInterrupt`, so code that cleans up after Ctrl-C cleans up after SIGTERM too."""
+
+    def __init__(self, signal_name: str, outcome: str = UNFINISHED_NOT_KEPT):
+        super().__init__(signal_name, outcome)
+        self.signal_name, self.outcome = signal_name, outcome
+
+
+def interruption(interrupt: KeyboardInterrupt, outcome: str) -> Interrupted:
+    """`interrupt` (Ctrl-C's own, or an `Interrupted`) restated with `outcome`, for a command that knows better
+    what became of its work, e.g. how to continue it: `run_command` prints it in place of the default."""
+    name = interrupt.signal_name if isinstance(interrupt, Interrupted) else "SIGINT"
+    return Interrupted(name, outcome)
 
 
 def _raise_interrupted(signum: int, frame) -> None:
@@ -28,8 +42,8 @@ def _raise_interrupted(signum: int, frame) -> None:
 
 def run_command(program: str, command: Callable[[], int | None]) -> int:
     """Run `command` and return the process's exit status: its own (None: 0); for a `CommandError`, its message as
-    `"{program}: error: ..."` and its exit code; for SIGINT or SIGTERM, `"{program}: interrupted by SIGINT ..."` and
-    130. The signal handlers are installed only while `command` runs, and only in the main thread (the only one
+    `"{program}: error: ..."` and its exit code; for SIGINT or SIGTERM, `"{program}: interrupted by SIGINT; ..."`
+    with the `Interrupted` outcome, and 130. The signal handlers are installed only while `command` runs, and only in the main thread (the only one
     Python delivers signals to)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -40,8 +54,8 @@ def run_command(program: str, command: Callable[[], int | None]) -> int:
         print(f"{program}: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt as interrupt:
-        name = interrupt.args[0] if isinstance(interrupt, Interrupted) else "SIGINT"
-        print(f"{program}: interrupted by {name}; unfinished outputs were not kept", file=sys.stderr)
+        interrupted = interrupt if isinstance(interrupt, Interrupted) else Interrupted("SIGINT")
+        print(f"{program}: interrupted by {interrupted.signal_name}; {interrupted.outcome}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     finally:
         for number, handler in previous.items():

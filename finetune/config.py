@@ -12,6 +12,19 @@ from .presets import PRESETS
 MODES = ("baseline", *ROUTING_MODES)
 DTYPES = ("float32", "bfloat16", "float16")
 
+# The options that say how one invocation runs, not what the run is: neither recorded nor compared on --resume.
+INVOCATION_OPTIONS = frozenset({"resume", "overwrite", "stop_after_step"})
+# The options that may differ when a run is resumed: they change how long it goes on, what it reports and what it
+# writes, never what is trained or on what. Every other option, one added later included, must stay as the run
+# started. A new --max-steps also stretches the cosine schedule over the new length from the resumed step on.
+RESUMABLE_OPTIONS = frozenset({
+    "output_dir",  # the run directory may have been moved
+    "max_steps",
+    "log_every", "eval_every", "eval_batch_size", "report_to",
+    "save_every", "keep_checkpoints", "save_dtype", "push_to_hub",
+    "gradient_checkpointing",  # recomputes the same activations in the backward pass
+})  # fmt: skip
+
 
 def option(default, help: str, group: str, **argparse_kwargs):
     """A dataclass field that also describes its command-line option."""
@@ -178,6 +191,18 @@ def flag(name: str) -> str:
     """The command-line option of field `name`."""
     return "--" + name.replace("_", "-")
 
+
+def resume_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """The settings of a run (its options and `num_processes`) that differ between the start of the run (`saved`)
+    and its resumption (`current`), as `(refused, allowed)` lists of `"--name OLD -> NEW"`; allowed are those in
+    `RESUMABLE_OPTIONS`."""
+    refused, allowed = [], []
+    for name in sorted(saved.keys() | current.keys()):
+        old, new = saved.get(name, "(not recorded)"), current.get(name, "(not recorded)")
+        if old != new:
+            label = "number of processes" if name == "num_processes" else flag(name)
+            (allowed if name in RESUMABLE_OPTIONS else refused).append(f"{label} {old} -> {new}")
+    return refused, allowed
 
 
 def build_parser() -> argparse.ArgumentParser:

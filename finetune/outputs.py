@@ -4,11 +4,13 @@ killed run never leaves half a checkpoint.
 
     OUT/checkpoints/step_00000500/   accelerate state: model, optimiser, schedule, random generators
     OUT/train_log.jsonl              one JSON object per log line or validation
+    OUT/run_config.json              the run's settings, which a --resume must keep (`RESUMABLE_OPTIONS` aside)
     OUT/model/                       the final model (`save_pretrained`, remote code included) and tokenizer
 """
 
 import contextlib
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -17,8 +19,9 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from conversion import hub
-from delta_qwen3.atomic import staged_directory
+from delta_qwen3.atomic import atomic_output, staged_directory, write_json
 from delta_qwen3.errors import CommandError
+from delta_qwen3.output_paths import check_output_dir as check_output_path
 from modeling_delta_qwen3 import DeltaQwen3Config
 
 from .config import FinetuneConfig
@@ -26,6 +29,7 @@ from .model import gates_as_scalars, merge_lora
 
 CHECKPOINT_PREFIX = "step_"
 LOG_NAME = "train_log.jsonl"
+RUN_CONFIG_NAME = "run_config.json"
 MODEL_NAME = "model"
 
 
@@ -41,6 +45,10 @@ def model_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / MODEL_NAME
 
 
+def run_config_path(output_dir: str | Path) -> Path:
+    return Path(output_dir) / RUN_CONFIG_NAME
+
+
 def latest_checkpoint(output_dir: str | Path) -> tuple[Path, int] | None:
     """The most recent complete checkpoint and its step (temporary directories of interrupted saves are ignored)."""
     found = [
@@ -52,10 +60,20 @@ def latest_checkpoint(output_dir: str | Path) -> tuple[Path, int] | None:
     return path, step
 
 
-def prepare_output_dir(config: FinetuneConfig, accelerator: Accelerator) -> None:
-    """Create the run directory. Refuse to mix a new run with an earlier one's outputs unless told to resume, or
-    to overwrite: then the earlier checkpoints and log are removed (its model is replaced at the end)."""
+def resume_hint(output_dir: str | Path) -> str:
+    """How to continue the run in `output_dir` now, for the message of an interrupted run."""
+    checkpoint = latest_checkpoint(output_dir)
+    if checkpoint is None:
+        return "no checkpoint was saved, so --resume starts again from step 0"
+    return f"continue with --resume (from the checkpoint of step {checkpoint[1]})"
+
+
+def check_output_dir(config: FinetuneConfig) -> tuple[Path, int] | None:
+    """Check the run directory before anything is loaded, writing nothing; return the checkpoint to resume from
+    (None: the run starts at step 0). Refuse to mix a new run with an earlier one's outputs unless told to resume,
+    or to overwrite them."""
     output_dir = Path(config.output_dir)
+    check_output_path(output_dir, "--output-dir", overwrite=True)  # a directory, or creatable; contents below
     if not (config.resume or config.overwrite):
         if model_dir(output_dir).exists():
             raise CommandError(f"--output-dir {output_dir} already holds a final model; pass --overwrite to replace it")
@@ -64,13 +82,54 @@ def prepare_output_dir(config: FinetuneConfig, accelerator: Accelerator) -> None
                 f"--output-dir {output_dir} already holds checkpoints; pass --resume to continue that run "
                 "or --overwrite to start again"
             )
-    accelerator.wait_for_everyone()  # every process has checked before the main one changes anything
+    return latest_checkpoint(output_dir) if config.resume else None
+
+
+def saved_run_settings(output_dir: str | Path) -> dict | None:
+    """The settings recorded when the run in `output_dir` started (`prepare_output_dir`); None if not recorded."""
+    path = run_config_path(output_dir)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as error:
+        raise CommandError(f"{path} is not valid JSON ({error}); the run's settings cannot be compared") from None
+
+
+def prepare_output_dir(
+    config: FinetuneConfig, accelerator: Accelerator, settings: dict, resumed_step: int | None
+) -> None:  # fmt: skip
+    """Make the run directory ready once everything is loaded and checked, so that a run that fails before
+    training writes nothing: create it; for --overwrite remove the earlier checkpoints (the earlier model is
+    replaced at the end); keep the log only up to `resumed_step`, the checkpoint the run resumes from (the steps
+    after it are logged again), none of it for a run from step 0; record `settings` for a later --resume."""
+    output_dir = Path(config.output_dir)
+    accelerator.wait_for_everyone()  # every process has checked everything before the main one changes anything
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         if config.overwrite:
             shutil.rmtree(checkpoints_dir(output_dir), ignore_errors=True)
-            log_path(output_dir).unlink(missing_ok=True)
+        _keep_log_until(log_path(output_dir), resumed_step)
+        write_json(run_config_path(output_dir), settings)
     accelerator.wait_for_everyone()
+
+
+def _keep_log_until(path: Path, step: int | None) -> None:
+    """Drop the lines of the log at `path` after `step` (every line for None). A line that is not JSON was cut
+    short when the run was killed, after its last checkpoint."""
+    if step is None or not path.exists():
+        path.unlink(missing_ok=True)
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True) if _logged_step(line) <= step]
+    with atomic_output(path) as temporary:
+        temporary.write_text("".join(kept))
+
+
+def _logged_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, keep: int) -> Path:

@@ -1,35 +1,71 @@
 """A run from end to end: options -> tokenizer, model configuration and data (all checked before training) ->
 model and optimiser prepared by accelerate -> (resume) -> training loop -> final model -> Hub."""
 
-import sys
-
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 
 from delta_qwen3.errors import CommandError
+from delta_qwen3.interrupts import interruption, run_command
 
-from .config import FinetuneConfig, parse_args
+from .config import INVOCATION_OPTIONS, FinetuneConfig, parse_args, resume_changes
 from .data import build_training_data
 from .loop import train
 from .model import build_model, build_model_config, gates_as_vectors, load_tokenizer
 from .optim import build_optimizer, build_schedule
-from .outputs import latest_checkpoint, prepare_output_dir, push_to_hub, save_final_model
+from .outputs import (
+    check_output_dir,
+    prepare_output_dir,
+    push_to_hub,
+    resume_hint,
+    run_config_path,
+    save_final_model,
+    saved_run_settings,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `finetune` command (`python -m finetune`, `accelerate launch -m finetune`); returns the exit status."""
-    try:
-        return run(parse_args(argv))
-    except CommandError as error:
-        print(f"finetune: error: {error}", file=sys.stderr)
-        return error.exit_code
+    """The `finetune` command (`python -m finetune`, `accelerate launch -m finetune`); returns the exit status: 2
+    for bad input, 1 when training diverges, 130 on Ctrl-C or SIGTERM (`delta_qwen3.interrupts.run_command`)."""
+    return run_command("finetune", lambda: run(parse_args(argv)))
+
+
+def run_settings(config: FinetuneConfig, accelerator: Accelerator) -> dict:
+    """What a resumed run must keep (`RESUMABLE_OPTIONS` aside): the options (those of one invocation aside), with
+    the mixed precision as accelerate resolved it, and the number of processes, which shares out the data."""
+    options = {name: value for name, value in config.to_dict().items() if name not in INVOCATION_OPTIONS}
+    return {**options, "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.num_processes}
+
+
+def check_resume(config: FinetuneConfig, settings: dict, step: int, accelerator: Accelerator) -> None:
+    """Refuse to resume from the checkpoint of `step` with settings that change what is trained or on what; say
+    which allowed ones changed."""
+    if config.max_steps < step:
+        raise CommandError(f"--max-steps {config.max_steps} is before the step of the checkpoint to resume ({step})")
+    saved = saved_run_settings(config.output_dir)
+    if saved is None:
+        accelerator.print(f"{run_config_path(config.output_dir)} is missing: the options cannot be checked")
+        return
+    refused, allowed = resume_changes(saved, settings)
+    if refused:
+        raise CommandError(
+            f"--resume: these settings differ from those the run in {config.output_dir} started with, and would "
+            f"change what is trained or on what: {'; '.join(refused)} (start a new run with another --output-dir, "
+            "or with --overwrite)"
+        )
+    if allowed:
+        accelerator.print(f"resuming with changed options: {'; '.join(allowed)}")
 
 
 def run(config: FinetuneConfig) -> int:
-    """Train as `config` says. Bad input raises `CommandError` before the first training step."""
+    """Train as `config` says. Bad input raises `CommandError` before anything is written to --output-dir."""
     trackers = {"none": None, "all": "all"}.get(config.report_to, [config.report_to])
     accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers, project_dir=config.output_dir)
-    prepare_output_dir(config, accelerator)
+    checkpoint = check_output_dir(config)
+    settings = run_settings(config, accelerator)
+    if checkpoint is not None:
+        check_resume(config, settings, checkpoint[1], accelerator)
+    elif config.resume:
+        accelerator.print(f"no checkpoint in {config.output_dir}: starting from step 0")
     if config.lora and accelerator.distributed_type == DistributedType.FSDP:
         raise CommandError("--lora is not supported with FSDP: the adapters are merged into unsharded weights")
     set_seed(config.seed)
@@ -46,20 +82,22 @@ def run(config: FinetuneConfig) -> int:
     # Not prepared: accelerate would step a prepared schedule once per process; it is saved with the checkpoints.
     accelerator.register_for_checkpointing(scheduler)
 
+    prepare_output_dir(config, accelerator, settings, None if checkpoint is None else checkpoint[1])
     start_step = 0
-    checkpoint = latest_checkpoint(config.output_dir) if config.resume else None
     if checkpoint is not None:
         path, start_step = checkpoint
         accelerator.load_state(str(path))
         accelerator.print(f"resuming from {path} (step {start_step})")
-    elif config.resume:
-        accelerator.print(f"no checkpoint in {config.output_dir}: starting from step 0")
     if trackers:
         accelerator.init_trackers("finetune", config={k: v for k, v in config.to_dict().items() if v is not None})
 
     finished = train(model, optimizer, scheduler, data, config, accelerator, start_step)
     if finished:
-        saved = save_final_model(accelerator, model, tokenizer, config.output_dir, config.save_dtype)
+        try:
+            saved = save_final_model(accelerator, model, tokenizer, config.output_dir, config.save_dtype)
+        except KeyboardInterrupt as interrupt:
+            outcome = f"the final model was not saved; {resume_hint(config.output_dir)}"
+            raise interruption(interrupt, outcome) from None
         accelerator.print(f"saved the model to {saved}")
         if config.push_to_hub and accelerator.is_main_process:
             accelerator.print(f"pushed to {push_to_hub(saved, config.push_to_hub)}")

@@ -1,11 +1,13 @@
 """Small builders shared by the fine-tuning tests: a real text corpus on disk, a tiny DeltaQwen3 checkpoint, and
 the options of a tiny run."""
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
-from conftest import tiny_qwen3_config
+from conftest import REPO_ROOT, tiny_qwen3_config
 from safetensors.torch import load_file
 
 from delta_qwen3.corpus import python_docs_texts
@@ -59,3 +61,15 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def log_lines(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under `root` by its relative path: what a failed command must leave as it was."""
+    files = (path for path in root.rglob("*") if path.is_file())
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() for path in files}
+
+
+def run_env() -> dict:
+    """The environment of a training subprocess: this project importable, offline, one thread."""
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
