@@ -122,7 +122,12 @@ class FinetuneConfig:
     )
     save_every: int = option(500, "steps between checkpoints (0: none)", "outputs")
     keep_checkpoints: int = option(2, "most recent checkpoints kept (0: all)", "outputs")
-    resume: bool = option(False, "continue from the latest checkpoint in --output-dir (fresh start if none)", "outputs")
+    resume: bool = option(
+        False,
+        "continue from the latest checkpoint in --output-dir (fresh start if none) with the options the run started "
+        "with (OUT/run_config.json): only --max-steps, --gradient-checkpointing, logging and output options may change",
+        "outputs",
+    )
     overwrite: bool = option(False, "discard the checkpoints, log and model already in --output-dir", "outputs")
     stop_after_step: int | None = option(
         None,

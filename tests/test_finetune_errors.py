@@ -207,7 +207,8 @@ def signal_mid_training(argv: list[str], out, signal_number: int) -> subprocess.
     deadline = time.monotonic() + 240
     while process.poll() is None and time.monotonic() < deadline:
         log = out / "train_log.jsonl"
-        if log.exists() and f'"step": {SIGNAL_MID_RUN["signal_after"]},' in log.read_text():
+        logged = re.findall(r'"step":\s*(\d+)', log.read_text()) if log.exists() else []
+        if logged and int(logged[-1]) >= SIGNAL_MID_RUN["signal_after"]:
             process.send_signal(signal_number)
             break
         time.sleep(0.01)
