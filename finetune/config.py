@@ -72,7 +72,8 @@ class FinetuneConfig:
     # Data
     data: str | None = option(
         None,
-        "Hub dataset id (streamed) or a local .txt / .jsonl / .json / .parquet file or directory of them",
+        "Hub dataset id (streamed) or a local file or directory of them: a .txt file is one document, a .jsonl / "
+        ".json file one document per line, a .parquet file one per row",
         "data",
         required=True,
     )
@@ -80,10 +81,14 @@ class FinetuneConfig:
     data_split: str = option("train", "Hub dataset split", "data")
     text_field: str = option("text", "field holding the text in JSON-lines, parquet and Hub data", "data")
     seq_len: int = option(1024, "tokens per packed training block", "data")
-    val_blocks: int = option(
-        64, "blocks of --seq-len tokens held out from the start of the data for validation", "data"
+    val_blocks: int = option(64, "blocks of --seq-len tokens of held-out documents, for validation", "data")
+    val_interval: int = option(
+        10, "every N-th document of the data, from the first, is held out until --val-blocks are filled", "data"
     )
-    shuffle_buffer: int = option(10_000, "documents in the streaming shuffle buffer", "data")
+    shuffle_buffer: int = option(10_000, "documents in the streaming shuffle buffer (new order each epoch)", "data")
+    block_shuffle_buffer: int = option(
+        4096, "packed blocks in the shuffle buffer that mixes documents within a batch (1: packing order)", "data"
+    )
 
     # Optimisation
     lr: float = option(3e-4, "peak learning rate", "optimisation")
@@ -169,7 +174,7 @@ class FinetuneConfig:
         if self.seq_len < 2:
             raise CommandError(f"--seq-len must be at least 2 (one prediction needs two tokens), got {self.seq_len}")
         positive = ("val_blocks", "max_steps", "batch_size", "grad_accum", "log_every", "eval_every", "lora_rank",
-                    "shuffle_buffer")  # fmt: skip
+                    "shuffle_buffer", "val_interval", "block_shuffle_buffer")  # fmt: skip
         for name in positive:
             if getattr(self, name) < 1:
                 raise CommandError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")

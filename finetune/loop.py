@@ -13,10 +13,11 @@ from tqdm.auto import tqdm
 from delta_qwen3.errors import RunError
 from delta_qwen3.interrupts import interruption
 from delta_qwen3.jsonl import json_text
+from delta_qwen3.sharpness import mean_max_weights, point_max_weights
 
 from .config import FinetuneConfig
 from .data import TrainingData
-from .evaluation import loss_and_perplexity, mean_max_routing_weight, validation_nll
+from .evaluation import loss_and_perplexity, validation_nll
 from .outputs import log_path, resume_hint, save_checkpoint
 
 NO_STEP = 2**62  # `DivergenceWatch`'s "no non-finite step yet"
@@ -84,7 +85,7 @@ def train_step(
     """One optimiser step over `config.grad_accum` micro-batches. Returns this process's mean `loss`, the
     `grad_norm` before clipping, and (when `with_routing`) the routing sharpness of the last micro-batch."""
     loss_sum = torch.zeros((), device=accelerator.device)
-    sharpness = None
+    sharpness = {}
     for micro_step in range(config.grad_accum):
         last = micro_step == config.grad_accum - 1
         input_ids = next(batches).to(accelerator.device)
@@ -95,12 +96,12 @@ def train_step(
             accelerator.backward(output.loss / config.grad_accum)
         loss_sum += output.loss.detach()
         if extra:
-            sharpness = mean_max_routing_weight(output.routing_weights)
+            weights = output.routing_weights
+            sharpness = mean_max_weights(point_max_weights(weights), [w.shape[-1] for w in weights])
     metrics = {"loss": loss_sum / config.grad_accum}
     # Without clipping, the infinite bound leaves the gradients as they are and still gives their norm.
     metrics["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
-    if sharpness is not None:
-        metrics["mean_max_routing_weight"] = sharpness.detach()
+    metrics.update({name: value.detach() for name, value in sharpness.items() if value is not None})
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -5,6 +5,7 @@ killed run never leaves half a checkpoint.
     OUT/checkpoints/step_00000500/   accelerate state: model, optimiser, schedule, random generators
     OUT/train_log.jsonl              one JSON object per log line or validation
     OUT/run_config.json              the run's settings, which a --resume must keep (`RESUMABLE_OPTIONS` aside)
+    OUT/validation_documents.jsonl   the held-out documents that validation reads (whole; training never does)
     OUT/model/                       the final model (`save_pretrained`, remote code included) and tokenizer
 """
 
@@ -30,6 +31,7 @@ from .model import gates_as_scalars, merge_lora
 CHECKPOINT_PREFIX = "step_"
 LOG_NAME = "train_log.jsonl"
 RUN_CONFIG_NAME = "run_config.json"
+VALIDATION_NAME = "validation_documents.jsonl"
 MODEL_NAME = "model"
 
 
@@ -39,6 +41,10 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
 
 def log_path(output_dir: str | Path) -> Path:
     return Path(output_dir) / LOG_NAME
+
+
+def validation_documents_path(output_dir: str | Path) -> Path:
+    return Path(output_dir) / VALIDATION_NAME
 
 
 def model_dir(output_dir: str | Path) -> Path:

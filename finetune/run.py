@@ -20,6 +20,7 @@ from .outputs import (
     run_config_path,
     save_final_model,
     saved_run_settings,
+    validation_documents_path,
 )
 
 
@@ -91,6 +92,8 @@ def run(config: FinetuneConfig) -> int:
     if trackers:
         accelerator.init_trackers("finetune", config={k: v for k, v in config.to_dict().items() if v is not None})
 
+    if accelerator.is_main_process:  # the documents validation reads, for scoring the run on exactly them later
+        data.save_validation_texts(validation_documents_path(config.output_dir))
     finished = train(model, optimizer, scheduler, data, config, accelerator, start_step)
     if finished:
         try:

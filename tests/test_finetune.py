@@ -1,6 +1,5 @@
 """The fine-tuning script's parts (schedule, parameter groups, data, metrics) and its errors for bad input."""
 
-import itertools
 import json
 import math
 
@@ -11,11 +10,9 @@ from finetune_fixtures import save_tiny_delta, tiny_run_args, write_corpus
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import finetune
-import finetune.data
 from delta_qwen3.errors import CommandError
 from finetune.config import parse_args
-from finetune.data import build_training_data, load_documents, pack, token_ids
-from finetune.evaluation import mean_max_routing_weight, validation_nll
+from finetune.evaluation import validation_nll
 from finetune.optim import lr_factor, parameter_groups
 from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
@@ -23,7 +20,7 @@ from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "python_docs.txt")
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "python_docs")
 
 
 @pytest.fixture(scope="module")
@@ -67,83 +64,6 @@ def test_paper_presets_have_the_parameter_counts_of_their_names(preset, paramete
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(parameters, rel=0.015)
 
 
-# --- data --------------------------------------------------------------------------------------------------------
-
-
-def test_pack_concatenates_documents_and_drops_the_incomplete_tail():
-    blocks = list(pack([[1, 2, 3], [], [4, 5], [6, 7, 8, 9, 10]], seq_len=4))
-    assert [block.tolist() for block in blocks] == [[1, 2, 3, 4], [5, 6, 7, 8]]
-
-
-def test_token_ids_end_each_document_and_stay_aligned_over_blank_ones(tokenizer):
-    documents = [{"text": "import os"}, {"text": "  \n"}, {"text": "x = 1"}]
-    expected = [tokenizer("import os")["input_ids"] + [tokenizer.eos_token_id], [],
-                tokenizer("x = 1")["input_ids"] + [tokenizer.eos_token_id]]  # fmt: skip
-    assert list(token_ids(documents, tokenizer)) == expected
-
-
-def test_text_files_are_split_into_paragraphs_and_json_lines_read_the_text_field(tmp_path):
-    (tmp_path / "notes.txt").write_text("first paragraph\nstill first\n\nsecond\n")
-    assert [d["text"] for d in load_documents(str(tmp_path / "notes.txt"), None, "train", "text")] == [
-        "first paragraph\nstill first", "second\n"
-    ]  # fmt: skip
-    (tmp_path / "docs.jsonl").write_text('{"body": "one", "id": 1}\n{"body": "two", "id": 2}\n')
-    assert [d["text"] for d in load_documents(str(tmp_path / "docs.jsonl"), None, "train", "body")] == ["one", "two"]
-
-
-def test_a_hub_dataset_is_streamed_by_its_id(tmp_path, monkeypatch):
-    (tmp_path / "shard.jsonl").write_text('{"content": "one"}\n{"content": "two"}\n')
-    load_local = finetune.data.load_dataset
-    calls = []
-
-    def load_from_hub(path, **kwargs):  # stands in for the download: the same call, served from a local file
-        calls.append((path, kwargs))
-        return load_local("json", data_files=str(tmp_path / "shard.jsonl"), split="train", streaming=True)
-
-    monkeypatch.setattr(finetune.data, "load_dataset", load_from_hub)
-    documents = load_documents("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", "content")
-    assert [d["text"] for d in documents] == ["one", "two"]
-    assert calls == [("HuggingFaceFW/fineweb-edu", dict(name="sample-10BT", split="train", streaming=True))]
-
-    def unreachable(path, **kwargs):
-        raise ConnectionError("the Hub cannot be reached")
-
-    monkeypatch.setattr(finetune.data, "load_dataset", unreachable)
-    with pytest.raises(CommandError, match="not loadable from the Hub: the Hub cannot be reached"):
-        load_documents("someone/missing", None, "train", "text")
-
-
-def test_validation_holds_out_the_first_documents_and_training_reads_the_rest(tmp_path, tokenizer):
-    texts = [f"document number {i} " * 3 for i in range(40)]
-    data_file = tmp_path / "docs.jsonl"
-    data_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    config = parse_args(tiny_run_args(data_file, tmp_path / "out", "--model", "m", "--seq-len", "16",
-                                      "--val-blocks", "3", "--batch-size", "2"))  # fmt: skip
-    data = build_training_data(config, tokenizer, world_size=2)
-
-    ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
-    held_out = next(n for n in itertools.count(1) if sum(map(len, ids[:n])) >= 3 * 16)
-    assert data.validation.tolist() == [b.tolist() for b in pack(ids[:held_out], 16)][:3]
-    assert [d["text"] for d in data.documents] == texts[held_out:]
-
-    # The two processes share out the documents; a resumed stream continues where it stopped.
-    rank0, rank1 = (list(itertools.islice(data.batches(2, rank, 2), 3)) for rank in (0, 1))
-    assert not torch.equal(rank0[0], rank1[0])
-    resumed = list(itertools.islice(data.batches(2, 0, 2, skip_blocks=2), 2))
-    assert all(torch.equal(a, b) for a, b in zip(resumed, rank0[1:], strict=True))
-
-
-# --- metrics -----------------------------------------------------------------------------------------------------
-
-
-def test_mean_max_routing_weight_leaves_out_single_source_points():
-    single = torch.ones(1, 2, 1)
-    two = torch.tensor([[[0.7, 0.3], [0.4, 0.6]]])
-    three = torch.tensor([[[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]])
-    assert mean_max_routing_weight((single, two, three)).item() == pytest.approx((0.65 + 0.65) / 2)
-    assert mean_max_routing_weight((single,)) is None
-
-
 def test_validation_shares_blocks_over_processes_and_runs_equal_batches(delta_checkpoint):
     model = DeltaQwen3ForCausalLM.from_pretrained(delta_checkpoint).eval()
     blocks = torch.randint(0, 512, (7, 16), generator=torch.Generator().manual_seed(0))
@@ -181,20 +101,27 @@ TEN_TOKENS = '{"text": "def f(): pass"}\n'  # nine tokens and the end-of-text to
 
 
 @pytest.mark.parametrize(
-    "content, message",
+    "content, extra, message",
     [
-        ("", "is empty"),
-        ('{"text": "  "}\n', "is empty: it has no text in field 'text'"),
-        (TEN_TOKENS * 10, "it has 100 tokens, and holding out --val-blocks 8 of --seq-len 32 alone needs 256"),
+        ("", [], "is empty"),
+        ('{"text": "  "}\n', [], "is empty: it has no text in field 'text'"),
+        (
+            TEN_TOKENS * 10,
+            [],
+            "its held-out documents (every --val-interval 10th) have 10 tokens, and --val-blocks 8 of --seq-len 32 "
+            "need 256; lower --val-blocks or --val-interval",
+        ),
+        # Training skips every copy of a held-out document: 30 copies of one text leave nothing to train on.
         (
             TEN_TOKENS * 30,
-            "after the 8 validation blocks, 40 tokens in 4 documents remain, and one optimiser step on 1",
+            ["--val-blocks", "1", "--seq-len", "8"],
+            "besides the 1 held-out documents, 0 tokens in 0 documents remain, and one optimiser step",
         ),
     ],
 )
-def test_empty_or_too_small_data(tmp_path, delta_checkpoint, capsys, content, message):
+def test_empty_or_too_small_data(tmp_path, delta_checkpoint, capsys, content, extra, message):
     (tmp_path / "data.jsonl").write_text(content)
-    argv = tiny_run_args(tmp_path / "data.jsonl", tmp_path / "out", "--model", str(delta_checkpoint))
+    argv = tiny_run_args(tmp_path / "data.jsonl", tmp_path / "out", "--model", str(delta_checkpoint), *extra)
     assert message in fails_before_training(argv, capsys, tmp_path / "out")
 
 
@@ -203,7 +130,9 @@ def test_missing_text_field(tmp_path, delta_checkpoint, capsys):
     argv = tiny_run_args(
         tmp_path / "data.jsonl", tmp_path / "out", "--model", str(delta_checkpoint), "--text-field", "content"
     )
-    assert "no field 'content' (its fields: body)" in fails_before_training(argv, capsys, tmp_path / "out")
+    assert "has no text in field 'content' in any of its 1 documents" in fails_before_training(
+        argv, capsys, tmp_path / "out"
+    )
 
 
 def test_seq_len_beyond_the_models_positions(tmp_path, corpus, delta_checkpoint, capsys):
