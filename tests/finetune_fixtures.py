@@ -1,11 +1,12 @@
 """Small builders shared by the fine-tuning tests: a real text corpus on disk, a tiny DeltaQwen3 checkpoint, and
-the options of a tiny run."""
+the options of a tiny run; and the module fixtures made of them (import them by name into a test module)."""
 
 import hashlib
 import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import REPO_ROOT, tiny_qwen3_config
 from safetensors.torch import load_file
@@ -43,6 +44,18 @@ def save_tiny_delta(path: Path, tokenizer, seed: int = 0, **overrides) -> Path:
     DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def jsonl_corpus(tmp_path_factory) -> Path:
+    """Python's documentation as a JSON-lines file."""
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "python_docs.jsonl")
+
+
+@pytest.fixture(scope="module")
+def delta_checkpoint(tmp_path_factory, tokenizer) -> Path:
+    """A tiny ungated delta-mode checkpoint with its tokenizer."""
+    return save_tiny_delta(tmp_path_factory.mktemp("delta") / "tiny-delta", tokenizer)
 
 
 def tiny_run_args(data: Path, output_dir: Path, *extra: str) -> list[str]:

@@ -12,22 +12,20 @@ import time
 import pytest
 import torch
 from conftest import save_tiny_qwen3
-from finetune_fixtures import file_hashes, log_lines, run_env, save_tiny_delta, tiny_run_args, weights, write_corpus
+from finetune_fixtures import (  # noqa: F401 (delta_checkpoint and jsonl_corpus are fixtures)
+    delta_checkpoint,
+    file_hashes,
+    jsonl_corpus,
+    log_lines,
+    run_env,
+    tiny_run_args,
+    weights,
+)
 
 import finetune
 from delta_qwen3.errors import RunError
 from finetune.config import INVOCATION_OPTIONS, RESUMABLE_OPTIONS, FinetuneConfig, resume_changes
 from finetune.loop import DivergenceWatch
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "python_docs.jsonl")
-
-
-@pytest.fixture(scope="module")
-def delta_checkpoint(tmp_path_factory, tokenizer):
-    return save_tiny_delta(tmp_path_factory.mktemp("delta") / "tiny-delta", tokenizer)
 
 
 def failed(argv: list[str], capsys, exit_code: int = 2) -> str:
@@ -42,8 +40,8 @@ def failed(argv: list[str], capsys, exit_code: int = 2) -> str:
 
 
 @pytest.mark.parametrize("seq_len", ["0", "1"])
-def test_seq_len_has_one_lower_bound(tmp_path, corpus, capsys, seq_len):
-    argv = tiny_run_args(corpus, tmp_path / "out", "--model", str(tmp_path / "model"), "--seq-len", seq_len)
+def test_seq_len_has_one_lower_bound(tmp_path, jsonl_corpus, capsys, seq_len):
+    argv = tiny_run_args(jsonl_corpus, tmp_path / "out", "--model", str(tmp_path / "model"), "--seq-len", seq_len)
     assert failed(argv, capsys) == (
         f"finetune: error: --seq-len must be at least 2 (one prediction needs two tokens), got {seq_len}"
     )
@@ -62,8 +60,8 @@ def test_seq_len_has_one_lower_bound(tmp_path, corpus, capsys, seq_len):
         ("--min-lr-ratio", "-0.1", "--min-lr-ratio must be between 0 and 1 (a fraction of the peak rate), got -0.1"),
     ],
 )
-def test_learning_rates_that_cannot_train_are_refused(tmp_path, corpus, capsys, option, value, message):
-    argv = tiny_run_args(corpus, tmp_path / "out", "--model", str(tmp_path / "model"), option, value)
+def test_learning_rates_that_cannot_train_are_refused(tmp_path, jsonl_corpus, capsys, option, value, message):
+    argv = tiny_run_args(jsonl_corpus, tmp_path / "out", "--model", str(tmp_path / "model"), option, value)
     assert failed(argv, capsys) == f"finetune: error: {message}"
     assert not (tmp_path / "out").exists()
 
@@ -71,10 +69,10 @@ def test_learning_rates_that_cannot_train_are_refused(tmp_path, corpus, capsys, 
 # --- divergence --------------------------------------------------------------------------------------------------
 
 
-def test_divergence_stops_the_run_before_anything_non_finite_is_saved(tmp_path, corpus, delta_checkpoint, capsys):
+def test_divergence_stops_the_run_before_anything_non_finite_is_saved(tmp_path, jsonl_corpus, delta_checkpoint, capsys):
     out = tmp_path / "out"
     # At this rate the first step is finite and the second one's loss overflows to a NaN gradient norm.
-    argv = tiny_run_args(corpus, out, "--model", str(delta_checkpoint), "--lr", "1e6", "--max-steps", "6",
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--lr", "1e6", "--max-steps", "6",
                          "--save-every", "1", "--keep-checkpoints", "1")  # fmt: skip
     assert finetune.main([*argv, "--stop-after-step", "1"]) == 0
     capsys.readouterr()
@@ -136,10 +134,10 @@ def test_the_options_that_may_change_on_resume_are_options():
 
 
 def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeated(
-    tmp_path, corpus, delta_checkpoint, tokenizer, capsys
+    tmp_path, jsonl_corpus, delta_checkpoint, tokenizer, capsys
 ):
     out = tmp_path / "out"
-    argv = tiny_run_args(corpus, out, "--model", str(delta_checkpoint), "--max-steps", "4", "--save-every", "2")
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "4", "--save-every", "2")
     assert finetune.main([*argv, "--stop-after-step", "3"]) == 0
     settings = json.loads((out / "run_config.json").read_text())
     assert settings["model"] == str(delta_checkpoint) and settings["seq_len"] == 32
@@ -173,7 +171,7 @@ def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeate
 TOO_SMALL = '{"text": "def f(): pass"}\n' * 10  # 100 tokens: not even the validation blocks
 
 
-def test_a_run_that_fails_before_training_writes_nothing(tmp_path, corpus, delta_checkpoint, capsys):
+def test_a_run_that_fails_before_training_writes_nothing(tmp_path, jsonl_corpus, delta_checkpoint, capsys):
     (tmp_path / "small.jsonl").write_text(TOO_SMALL)
     out = tmp_path / "new" / "out"
     argv = tiny_run_args(tmp_path / "small.jsonl", out, "--model", str(delta_checkpoint))
@@ -182,7 +180,7 @@ def test_a_run_that_fails_before_training_writes_nothing(tmp_path, corpus, delta
 
     # --overwrite of an earlier run removes nothing of it when the new run cannot start.
     earlier = tmp_path / "earlier"
-    assert finetune.main(tiny_run_args(corpus, earlier, "--model", str(delta_checkpoint), "--max-steps", "2",
+    assert finetune.main(tiny_run_args(jsonl_corpus, earlier, "--model", str(delta_checkpoint), "--max-steps", "2",
                                        "--save-every", "1")) == 0  # fmt: skip
     before = file_hashes(earlier)
     argv = tiny_run_args(tmp_path / "small.jsonl", earlier, "--model", str(delta_checkpoint), "--overwrite")
@@ -217,25 +215,25 @@ def signal_mid_training(argv: list[str], out, signal_number: int) -> subprocess.
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, corpus, delta_checkpoint):
+def uninterrupted(tmp_path_factory, jsonl_corpus, delta_checkpoint):
     out = tmp_path_factory.mktemp("uninterrupted") / "out"
-    result = run_finetune(interrupt_run_args(corpus, out, delta_checkpoint))
+    result = run_finetune(interrupt_run_args(jsonl_corpus, out, delta_checkpoint))
     assert result.returncode == 0, result.stderr
     return out
 
 
-def interrupt_run_args(corpus, out, delta_checkpoint) -> list[str]:
-    return tiny_run_args(corpus, out, "--model", str(delta_checkpoint), "--max-steps",
+def interrupt_run_args(jsonl_corpus, out, delta_checkpoint) -> list[str]:
+    return tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps",
                          str(SIGNAL_MID_RUN["max_steps"]), "--save-every", "5", "--eval-every", "1000")  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_training_then_resume_ends_bit_identical(
-    tmp_path, corpus, delta_checkpoint, uninterrupted, signal_number
+    tmp_path, jsonl_corpus, delta_checkpoint, uninterrupted, signal_number
 ):
     out = tmp_path / "out"
-    argv = interrupt_run_args(corpus, out, delta_checkpoint)
+    argv = interrupt_run_args(jsonl_corpus, out, delta_checkpoint)
     interrupted = signal_mid_training(argv, out, signal_number)
     assert interrupted.returncode == 130, interrupted.stderr
     assert "Traceback" not in interrupted.stderr

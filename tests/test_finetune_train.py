@@ -9,7 +9,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import run_without_project
-from finetune_fixtures import log_lines, run_env, save_tiny_delta, tiny_run_args, weights, write_corpus
+from finetune_fixtures import (  # noqa: F401 (delta_checkpoint and jsonl_corpus are fixtures)
+    delta_checkpoint,
+    jsonl_corpus,
+    log_lines,
+    run_env,
+    save_tiny_delta,
+    tiny_run_args,
+    weights,
+)
 from huggingface_hub import HfApi
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
@@ -19,16 +27,6 @@ from finetune.data import build_training_data
 from finetune.evaluation import loss_and_perplexity, validation_nll
 from finetune.model import add_lora, is_routing_parameter, merge_lora
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "python_docs.jsonl")
-
-
-@pytest.fixture(scope="module")
-def delta_checkpoint(tmp_path_factory, tokenizer):
-    return save_tiny_delta(tmp_path_factory.mktemp("delta") / "tiny-delta", tokenizer)
 
 
 def reevaluate(model_dir, argv: list[str]) -> float:
@@ -41,10 +39,10 @@ def reevaluate(model_dir, argv: list[str]) -> float:
 
 
 @pytest.mark.slow
-def test_python_m_finetune_learns_moves_routing_and_reloads(tmp_path, corpus, delta_checkpoint):
+def test_python_m_finetune_learns_moves_routing_and_reloads(tmp_path, jsonl_corpus, delta_checkpoint):
     out = tmp_path / "run"
     argv = tiny_run_args(
-        corpus, out, "--model", str(delta_checkpoint), "--max-steps", "25", "--lr-routing", "3e-2", "--eval-every", "25"
+        jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "25", "--lr-routing", "3e-2", "--eval-every", "25"
     )
     subprocess.run([sys.executable, "-m", "finetune", *argv], env=run_env(), check=True, timeout=300)
 
@@ -74,12 +72,12 @@ def test_python_m_finetune_learns_moves_routing_and_reloads(tmp_path, corpus, de
     assert reevaluate(out / "model", argv) == pytest.approx(validations[-1]["val_loss"], rel=1e-6)
 
 
-def test_resume_after_interruption_ends_with_the_same_parameters(tmp_path, corpus, delta_checkpoint):
+def test_resume_after_interruption_ends_with_the_same_parameters(tmp_path, jsonl_corpus, delta_checkpoint):
     common = ("--max-steps", "6", "--save-every", "3", "--grad-accum", "2", "--eval-every", "100")
-    assert finetune.main(tiny_run_args(corpus, tmp_path / "straight", "--model", str(delta_checkpoint), *common)) == 0
+    assert finetune.main(tiny_run_args(jsonl_corpus, tmp_path / "straight", "--model", str(delta_checkpoint), *common)) == 0
 
     interrupted = tmp_path / "interrupted"
-    argv = tiny_run_args(corpus, interrupted, "--model", str(delta_checkpoint), *common)
+    argv = tiny_run_args(jsonl_corpus, interrupted, "--model", str(delta_checkpoint), *common)
     assert finetune.main([*argv, "--stop-after-step", "4"]) == 0
     assert not (interrupted / "model").exists()
     assert sorted(p.name for p in (interrupted / "checkpoints").iterdir()) == ["step_00000003"]
@@ -96,10 +94,10 @@ def test_resume_after_interruption_ends_with_the_same_parameters(tmp_path, corpu
 
 
 @pytest.mark.slow
-def test_accelerate_launch_two_processes(tmp_path, corpus, delta_checkpoint):
+def test_accelerate_launch_two_processes(tmp_path, jsonl_corpus, delta_checkpoint):
     out = tmp_path / "ddp"
     argv = tiny_run_args(
-        corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--save-every", "3", "--val-blocks", "7"
+        jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--save-every", "3", "--val-blocks", "7"
     )
     # `accelerate launch --cpu` starts a single process whatever --num_processes says; two CPU processes are started
     # like GPU ones and told to use the CPU (gloo) through the environment.
@@ -119,10 +117,10 @@ def test_accelerate_launch_two_processes(tmp_path, corpus, delta_checkpoint):
     assert weights(out / "model").keys() == weights(delta_checkpoint).keys()
 
 
-def test_freeze_base_trains_only_routing(tmp_path, corpus, delta_checkpoint):
+def test_freeze_base_trains_only_routing(tmp_path, jsonl_corpus, delta_checkpoint):
     out = tmp_path / "frozen"
     assert (
-        finetune.main(tiny_run_args(corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--freeze-base"))
+        finetune.main(tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--freeze-base"))
         == 0
     )
     before, after = weights(delta_checkpoint), weights(out / "model")
@@ -131,10 +129,10 @@ def test_freeze_base_trains_only_routing(tmp_path, corpus, delta_checkpoint):
     assert any(not torch.equal(before[name], after[name]) for name in before if is_routing_parameter(name))
 
 
-def test_lora_run_saves_an_ordinary_merged_checkpoint(tmp_path, corpus, delta_checkpoint):
+def test_lora_run_saves_an_ordinary_merged_checkpoint(tmp_path, jsonl_corpus, delta_checkpoint):
     out = tmp_path / "lora"
     assert (
-        finetune.main(tiny_run_args(corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--lora")) == 0
+        finetune.main(tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "3", "--lora")) == 0
     )
     before, after = weights(delta_checkpoint), weights(out / "model")
     assert after.keys() == before.keys()
@@ -172,7 +170,7 @@ def test_merged_lora_checkpoint_reproduces_the_peft_model(tmp_path, tokenizer):
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=0, atol=1e-5)
 
 
-def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, corpus, tokenizer, monkeypatch):
+def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, jsonl_corpus, tokenizer, monkeypatch):
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     uploads = []
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: uploads.append(("create", repo_id)))
@@ -186,7 +184,7 @@ def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, cor
     scratch = ("--from-scratch", "--preset", "tiny", "--mode", "baseline", "--tokenizer", str(tmp_path / "tokenizer"))
     assert (
         finetune.main(
-            tiny_run_args(corpus, out, *scratch, "--max-steps", "2", "--push-to-hub", "someone/tiny-baseline")
+            tiny_run_args(jsonl_corpus, out, *scratch, "--max-steps", "2", "--push-to-hub", "someone/tiny-baseline")
         )
         == 0
     )
@@ -199,7 +197,7 @@ def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, cor
     assert uploads[1] == ("commit", "someone/tiny-baseline", sorted(p.name for p in (out / "model").iterdir()))
 
 
-def test_from_scratch_routing_model_from_a_config_file(tmp_path, corpus, tokenizer):
+def test_from_scratch_routing_model_from_a_config_file(tmp_path, jsonl_corpus, tokenizer):
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 64}  # fmt: skip
@@ -207,7 +205,7 @@ def test_from_scratch_routing_model_from_a_config_file(tmp_path, corpus, tokeniz
     out = tmp_path / "scratch"
     scratch = ("--from-scratch", "--model-config", str(tmp_path / "shape.json"), "--mode", "delta_block",
                "--num-blocks", "2", "--gate", "--tokenizer", str(tmp_path / "tokenizer"))  # fmt: skip
-    assert finetune.main(tiny_run_args(corpus, out, *scratch, "--max-steps", "2", "--gradient-checkpointing")) == 0
+    assert finetune.main(tiny_run_args(jsonl_corpus, out, *scratch, "--max-steps", "2", "--gradient-checkpointing")) == 0
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     assert isinstance(model, DeltaQwen3ForCausalLM)
     assert (model.config.routing_mode, model.config.routing_num_blocks, model.config.routing_gate) == (
