@@ -195,7 +195,9 @@ def test_readmes_show_every_kind_of_project_command():
     """The extraction finds the commands the READMEs are known to hold, so it cannot silently find none."""
     programs = [project_program(command) for command in COMMANDS if command.argv[0] != "make"]
     assert {"delta-qwen3", "python -m finetune", "benchmarks/routing_overhead.py", "benchmarks/decode_steps.py",
-            "benchmarks/convert_memory.py", "benchmarks/data_mixing.py"} <= {program[0] for program in programs if program}
+            "benchmarks/convert_memory.py", "benchmarks/data_mixing.py"} <= {
+        program[0] for program in programs if program
+    }
     assert len([command for command in COMMANDS if command.argv[:2] == ("accelerate", "launch")]) >= 4
     assert {"demo", "test"} <= {command.argv[1] for command in COMMANDS if command.argv[0] == "make"}
 
