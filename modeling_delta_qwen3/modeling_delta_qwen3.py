@@ -29,7 +29,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from .configuration_delta_qwen3 import DeltaQwen3Config
 
 # Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
-# file imports itself: so it imports every module of the package, including the one only `routing.py` uses.
+# file imports itself: so it imports every module of the package, including those only the routing uses.
+from . import routing_math, routing_reference  # noqa: F401
 from .depth_mix import SourceBuffer  # noqa: F401
 from .depth_mix import decoding_scratch
 from .routing import DEPTH_STATES, DepthState, RoutingPoint

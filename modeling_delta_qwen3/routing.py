@@ -20,6 +20,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
 from .depth_mix import DecodingScratch, SourceBuffer, SourceList, upfront_parameters, use_fla
+from .routing_reference import SourceList as ReferenceSourceList
 
 
 class RoutingPoint(nn.Module):
@@ -48,6 +49,17 @@ def _blocks_formed(config: DeltaQwen3Config) -> int:
     return -(-config.num_hidden_layers // config.layers_per_block)
 
 
+def new_sources(
+    h0: torch.Tensor, eps: float, capacity: int, points: list[RoutingPoint], scratch: DecodingScratch | None
+) -> SourceBuffer | SourceList:
+    """The sources of a forward pass starting from `h0`, holding `capacity` sources at most for `points`: routed by
+    flash-linear-attention's kernel on CUDA when installed, else by the buffer."""
+    if use_fla(h0):
+        return SourceList(eps)
+    queries, gates = upfront_parameters(points, h0, scratch)
+    return SourceBuffer(eps, capacity, len(points), queries, scratch, gates)
+
+
 class DepthState:
     """What one forward pass carries over depth: the sources routed over (see `depth_mix`), the
     routing weights so far, and each mode's own tensors.
@@ -65,12 +77,7 @@ class DepthState:
         """`points`: the routing points in the order they run; `scratch`: what the generation's previous decoding
         step left for this one to reuse, if any."""
         self.layers_per_block = config.layers_per_block
-        eps = config.rms_norm_eps
-        if use_fla(h0):
-            self.sources = SourceList(eps)
-        else:
-            queries, gates = upfront_parameters(points, h0, scratch)
-            self.sources = SourceBuffer(eps, self.capacity(config), len(points), queries, scratch, gates)
+        self.sources = new_sources(h0, config.rms_norm_eps, self.capacity(config), points, scratch)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
         self.sources.append(h0)
@@ -112,7 +119,7 @@ class DepthState:
         """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
         moved = copy.copy(self)
         for name, value in vars(self).items():
-            if isinstance(value, (torch.Tensor, SourceBuffer, SourceList)):
+            if isinstance(value, (torch.Tensor, SourceBuffer, ReferenceSourceList)):
                 setattr(moved, name, value.to(*args, **kwargs))
         return moved
 
