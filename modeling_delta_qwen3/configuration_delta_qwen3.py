@@ -42,6 +42,8 @@ class DeltaQwen3Config(Qwen3Config):
     """
 
     model_type = "delta_qwen3"
+    # Qwen3's pipeline plan hands hidden states from layer to layer; DeltaQwen3's layers hand on the depth state.
+    base_model_pp_plan = None
 
     routing_mode: str = "delta_block"
     routing_num_blocks: int = 4

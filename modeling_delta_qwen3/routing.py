@@ -107,6 +107,11 @@ class DepthState:
         """The input `h_hat_s` of the next sublayer; `point` is None for sublayer 0, which is never routed."""
         raise NotImplementedError
 
+    def layer_hidden_state(self, attn_input: torch.Tensor) -> torch.Tensor:
+        """The hidden state of the layer whose routed attention input is `attn_input` (`output_hidden_states`):
+        that input itself in the AttnRes modes, which have no residual stream."""
+        return attn_input
+
     def add_output(self, v: torch.Tensor) -> None:
         """Hand back the output `v_s` of the sublayer that just ran."""
         raise NotImplementedError
@@ -135,6 +140,10 @@ class _AdditiveState(DepthState):
         if point is None:
             return self.hidden
         return self._route(point, residual=self.hidden)
+
+    def layer_hidden_state(self, attn_input):
+        """The residual stream at the layer boundary, as in Qwen3."""
+        return self.hidden
 
     def final_hidden(self, final_point):
         return self.hidden
