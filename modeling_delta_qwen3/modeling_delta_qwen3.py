@@ -30,10 +30,14 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 
 # Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
 # file imports itself: so it imports every module of the package, including those only the routing uses.
-from . import routing_math, routing_reference  # noqa: F401
-from .depth_mix import SourceBuffer  # noqa: F401
-from .depth_mix import decoding_scratch
-from .routing import DEPTH_STATES, DepthState, RoutingPoint
+# (`from .module import name`: the form they recognise.)
+from .routing_buffer import SourceBuffer  # noqa: F401
+from .routing_compiled import CompiledSources  # noqa: F401
+from .routing_fla import FlaSources  # noqa: F401
+from .routing_math import compute_dtype  # noqa: F401
+from .routing_reference import depth_mix  # noqa: F401
+from .configuration_delta_qwen3 import check_routing_implementation
+from .routing import DepthState, RoutingPoint, plan_routing
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
 # with checkpoints and runs inside whichever Transformers a user has, so it speaks the installed version's name.
@@ -147,6 +151,11 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     _can_record_outputs = {}
     _can_compile_fullgraph = False
 
+    def set_routing_implementation(self, routing_implementation: str | None) -> None:
+        """Route with `routing_implementation` (see `DeltaQwen3Config`; None: the default for the situation)."""
+        check_routing_implementation(routing_implementation)
+        self.config.routing_implementation = routing_implementation
+
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, RoutingPoint):
@@ -252,7 +261,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         layers = self.layers[: self.config.num_hidden_layers]
         points = [point for layer in layers for point in (layer.attn_route, layer.mlp_route) if point is not None]
         points += [self.final_route] if self.final_route is not None else []
-        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config, points, decoding_scratch(cache))
+        state = plan_routing(self.config, points, inputs_embeds, cache).start(inputs_embeds, self.config)
         all_hidden_states, all_attentions = [], []
         for layer in layers:
             layer_output = layer(

@@ -8,7 +8,7 @@ For a point with query `q`, norm weight `g` and optional gate `gamma`, over sour
     r_j     = 1 / sqrt(mean(x_j^2) + eps)                    (`inverse_rms`)
     l_j     = r_j (x_j . w) = q . RMSNorm_g(x_j)             (`logits`, `logits_against_points`)
     alpha_j = softmax_j(l_j)                                 (`routing_weights`)
-    out     = residual + gamma * sum_j alpha_j x_j           (`weighted_sum`; `mix` alone without a residual)
+    out     = residual + gamma * sum_j alpha_j x_j           (`weighted_sum`, `mixture_of`; no residual: `mix`)
 
 and backward, with `G` the gradient of `out` and `d_j = x_j . G`:
 
@@ -74,6 +74,15 @@ def weighted_sum(x_by_token: torch.Tensor, weights: torch.Tensor, residual: torc
     if residual is None:
         return torch.bmm(weights, x_by_token)
     return torch.baddbmm(residual, weights, x_by_token)
+
+
+def mixture_of(sources: list[torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
+    """`sum_j alpha_j x_j` for sources kept apart, each `[..., D]`, and weights `alpha` `[n, ...]`: for an
+    implementation that never stacks its sources."""
+    mix = alpha[0].unsqueeze(-1) * sources[0]
+    for weight, source in zip(alpha[1:], sources[1:]):
+        mix = mix + weight.unsqueeze(-1) * source
+    return mix
 
 
 def gated_residual(mix: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None) -> torch.Tensor:

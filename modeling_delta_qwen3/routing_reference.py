@@ -56,3 +56,8 @@ class SourceList:
         moved = type(self)(self.eps)
         moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
         return moved
+
+
+def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list, scratch) -> SourceList:
+    """The `"reference"` implementation's sources (`routing.IMPLEMENTATIONS`)."""
+    return SourceList(eps)

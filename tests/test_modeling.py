@@ -13,8 +13,8 @@ from spec_reference import randomize_routing, reference_forward
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
-from modeling_delta_qwen3 import depth_mix, routing
-from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_gates, upfront_queries
+from modeling_delta_qwen3 import routing_buffer
+from modeling_delta_qwen3.routing_buffer import SourceBuffer, upfront_gates, upfront_queries
 from modeling_delta_qwen3.routing import RoutingPoint
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
@@ -330,7 +330,7 @@ def test_backward_passes_left_to_the_sources_agree_with_each_points_own(monkeypa
     model = random_model(mode, gated).train().double()
     ids = token_ids()
     loss, grads = _loss_and_grads(model, ids)
-    monkeypatch.setattr(routing, "upfront_parameters", lambda points, like, scratch: (None, None))
+    monkeypatch.setattr(routing_buffer, "upfront_parameters", lambda points, like, scratch: (None, None))
     own_loss, own_grads = _loss_and_grads(model, ids)
     torch.testing.assert_close(own_loss, loss, atol=1e-12, rtol=0)
     assert grads.keys() == own_grads.keys() and any(name.endswith("_route.gate") for name in grads) == gated
@@ -456,12 +456,12 @@ def test_routing_buffers_are_freed_by_reference_counting(monkeypatch, mode):
     graph that holds them) alive: no reference cycle, which the garbage collector could not break either."""
     storages = []
 
-    class TrackedStorage(depth_mix._SourceStorage):
+    class TrackedStorage(routing_buffer._SourceStorage):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             storages.append(weakref.ref(self))
 
-    monkeypatch.setattr(depth_mix, "_SourceStorage", TrackedStorage)
+    monkeypatch.setattr(routing_buffer, "_SourceStorage", TrackedStorage)
     model = random_model(mode).train()
     ids = token_ids()
     gc.disable()

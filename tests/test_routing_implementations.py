@@ -4,13 +4,16 @@ summation order differs) and float32 (to 1e-5; to 5e-5 in `attnres_full`, whose 
 eleven sources without a residual stream amplifies float32 rounding: 3.5e-5 at most in its embedding's gradient,
 while in float64 it agrees to 1e-12 like every mode)."""
 
+import contextlib
+
 import pytest
 import torch
 from spec_reference import mix as spec_mix
 from test_modeling import VARIANTS, random_model, token_ids
 
-from modeling_delta_qwen3 import routing
-from modeling_delta_qwen3.routing_reference import SourceList, depth_mix
+from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_buffer
+from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
+from modeling_delta_qwen3.routing_reference import depth_mix
 
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5}
 
@@ -19,8 +22,8 @@ def tolerance(mode: str, dtype: torch.dtype) -> float:
     return 5e-5 if (mode, dtype) == ("attnres_full", torch.float32) else TOLERANCES[dtype]
 
 
-def use_reference(monkeypatch) -> None:
-    monkeypatch.setattr(routing, "new_sources", lambda h0, eps, capacity, points, scratch: SourceList(eps))
+def use_reference(model) -> None:
+    model.set_routing_implementation("reference")
 
 
 def run(model, ids, grad: bool = True) -> dict[str, torch.Tensor]:
@@ -63,20 +66,26 @@ def test_reference_is_the_spec_formula():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("mode,gated", VARIANTS)
-def test_buffer_matches_reference_forward_and_backward(monkeypatch, mode, gated, dtype):
+def test_implementations_match_reference_forward_and_backward(monkeypatch, mode, gated, dtype):
+    """The buffer (the default here), with and without autograd, and with its points' parameters unknown up front
+    (sharded, offloaded: each point computes its own logits); the compiled implementation run eagerly."""
     model = random_model(mode, gated).train().to(dtype)
     ids = token_ids()
-    fast = run(model, ids)
-    fast_inference = run(model, ids, grad=False)
-    # The points' parameters unknown up front (sharded, offloaded): each point computes its own logits.
-    monkeypatch.setattr(routing, "upfront_parameters", lambda points, like, scratch: (None, None))
-    own_logits = run(model, ids)
-    use_reference(monkeypatch)
+    assert model.config.routing_implementation is None
+    results = {"buffer": run(model, ids), "buffer without autograd": run(model, ids, grad=False)}
+    model.set_routing_implementation("compiled")
+    results["compiled"] = run(model, ids)
+    model.set_routing_implementation("buffer")
+    with monkeypatch.context() as patch:
+        patch.setattr(routing_buffer, "upfront_parameters", lambda points, like, scratch: (None, None))
+        results["buffer, parameters not up front"] = run(model, ids)
+    use_reference(model)
     expected = run(model, ids)
     assert any(name.endswith("_route.query") for name in expected)
-    for got in (fast, own_logits):
-        assert_all_close(got, expected, tolerance(mode, dtype))
-    assert_all_close(fast_inference, {k: v for k, v in expected.items() if k in fast_inference}, tolerance(mode, dtype))
+    for name, got in results.items():
+        want = {k: v for k, v in expected.items() if k in got}
+        assert len(want) == len(expected) or name == "buffer without autograd", name
+        assert_all_close(got, want, tolerance(mode, dtype))
 
 
 @pytest.mark.parametrize("mode,gated", VARIANTS)
@@ -93,6 +102,42 @@ def test_decoding_steps_match_reference(monkeypatch, mode, gated, batch):
             return [model(ids[:, i : i + 1], past_key_values=cache).logits for i in (5, 6)]
 
     fast = steps()
-    use_reference(monkeypatch)
+    use_reference(model)
     for got, expected in zip(fast, steps(), strict=True):
         torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+
+
+def test_implementation_is_chosen_by_name_in_from_pretrained_and_not_saved(tmp_path):
+    model = random_model("delta_block", gated=True)
+    model.set_routing_implementation("reference")
+    model.save_pretrained(tmp_path)
+    assert "routing_implementation" not in (tmp_path / "config.json").read_text()
+    loaded = DeltaQwen3ForCausalLM.from_pretrained(tmp_path, routing_implementation="compiled")
+    assert loaded.config.routing_implementation == "compiled"
+    assert DeltaQwen3ForCausalLM.from_pretrained(tmp_path).config.routing_implementation is None
+    chosen = []
+    for implementation in ("reference", "buffer", "compiled"):
+        loaded.set_routing_implementation(implementation)
+        with patch_plan(chosen):
+            loaded(token_ids())
+    assert chosen == ["reference", "buffer", "compiled"]
+    with pytest.raises(ValueError, match="routing_implementation='fast' is not one of reference, buffer, fla, compiled"):
+        loaded.set_routing_implementation("fast")
+    misspelt = DeltaQwen3ForCausalLM.from_pretrained(tmp_path, routing_implementation="fast")
+    with pytest.raises(ValueError, match="routing_implementation='fast' is not one of"):
+        misspelt(token_ids())
+
+
+@contextlib.contextmanager
+def patch_plan(chosen: list):
+    """Records the implementation of every forward pass's routing plan."""
+    plan_routing = routing.plan_routing
+
+    def recording(*args):
+        plan = plan_routing(*args)
+        chosen.append(plan.implementation)
+        return plan
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling, "plan_routing", recording)
+        yield

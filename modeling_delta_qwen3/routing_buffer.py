@@ -1,5 +1,5 @@
-"""The sources a forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or
-time.
+"""The `"buffer"` routing implementation, the default in eager mode without flash-linear-attention: the sources a
+forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or time.
 
 For a routing point `p` with query `q`, norm weight `g` and optional gate `gamma`, over sources `x_1 .. x_n`:
 
@@ -31,9 +31,6 @@ is written by hand:
   pass to its newest source (`_deferred_point_backward`): there, the dot products of the sources with the output
   gradients of every point whose newest source it is are one batched product, which reads each source once for
   all of them rather than once per point.
-
-`SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
-`sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
 """
 
 import math
@@ -44,7 +41,6 @@ from .routing_math import (
     add_inverse_rms_gradient,
     as_dtype,
     compute_dtype,
-    gated_residual,
     inverse_rms,
     inverse_rms_gradient,
     logits_against_points,
@@ -55,13 +51,6 @@ from .routing_math import (
     weighted_sum,
 )
 from .routing_math import logits as point_logits
-from .routing_reference import SourceList as _ReferenceSourceList
-
-try:
-    from fla.ops.attnres import fused_attnres
-except ImportError:
-    fused_attnres = None
-
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`, for hidden states like
@@ -647,27 +636,10 @@ class _Route(torch.autograd.Function):
         )
 
 
-def use_fla(x: torch.Tensor) -> bool:
-    """Whether routing over sources like `x` goes through flash-linear-attention's kernel: on CUDA, when installed."""
-    return fused_attnres is not None and x.is_cuda
-
-
-def fla_depth_mix(
-    sources: list[torch.Tensor],
-    query: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing through `fla.ops.attnres.fused_attnres`, which computes exactly `mix` (RMS-normalised sources scored
-    against the query, softmax over sources, weighted sum) in fused kernels; the residual and gate are applied
-    around it."""
-    mix, weights = fused_attnres(query, sources, norm_weight, rms_eps=eps, return_weights=True)
-    return gated_residual(mix, residual, gate), weights.reshape(len(sources), -1).T
-
-
-class SourceList(_ReferenceSourceList):
-    """The sources as separate tensors, routed by flash-linear-attention's fused kernel (`fla_depth_mix`)."""
-
-    mixture = staticmethod(fla_depth_mix)
+def new_sources(
+    h0: torch.Tensor, eps: float, capacity: int, points: list, scratch: DecodingScratch | None
+) -> SourceBuffer:
+    """A `SourceBuffer` for a forward pass from `h0` over `points`, with their parameters stacked up front when
+    they can be (see `upfront_parameters`)."""
+    queries, gates = upfront_parameters(points, h0, scratch)
+    return SourceBuffer(eps, capacity, len(points), queries, scratch, gates)
