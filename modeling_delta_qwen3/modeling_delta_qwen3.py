@@ -149,7 +149,6 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     # Hidden states and attention weights are collected by `DeltaQwen3Model.forward` itself: a decoder layer takes
     # and returns the depth state, not the hidden states that Transformers' output hooks expect.
     _can_record_outputs = {}
-    _can_compile_fullgraph = False
 
     def set_routing_implementation(self, routing_implementation: str | None) -> None:
         """Route with `routing_implementation` (see `DeltaQwen3Config`; None: the default for the situation)."""

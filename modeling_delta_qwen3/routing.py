@@ -70,7 +70,7 @@ def _blocks_formed(config: DeltaQwen3Config) -> int:
 
 
 class DepthState:
-    """What one forward pass carries over depth: the sources routed over (see `depth_mix`), the
+    """What one forward pass carries over depth: the sources routed over (see `IMPLEMENTATIONS`), the
     routing weights so far, and each mode's own tensors.
 
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
