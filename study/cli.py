@@ -14,7 +14,7 @@ from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
 
 from .grid import expand_grid
 from .report import format_table, summarise, write_pictures
-from .runs import StudySettings, run_one
+from .runs import StudySettings, finished_result, run_one
 
 RESULTS_NAME = "results.json"
 # Options each run sets itself; the shared finetune options after `--` must not.
@@ -44,6 +44,8 @@ def register(subparsers) -> None:
     study.add_argument("--validation-data", default=None,
                        help="documents to score (default: each run's held-out documents, the same for every run)")  # fmt: skip
     study.add_argument("--device", default="cpu", help="torch device for scoring")
+    study.add_argument("--report-only", action="store_true",
+                       help="train nothing: write the results of the runs that have finished (say which have not)")  # fmt: skip
     study.add_argument("finetune_args", nargs=argparse.REMAINDER, help="options for every finetune run, after --")
     study.set_defaults(func=run_study)
 
@@ -72,10 +74,19 @@ def run_study(args: argparse.Namespace) -> int:
     settings = StudySettings(args.out, shlex.split(args.launcher), args.preset, shared, args.validation_data, seq_len,
                              args.device)  # fmt: skip
     runs = expand_grid(args.modes, args.depths, args.seeds, args.num_blocks)
-    results = []
-    for index, run in enumerate(runs, start=1):
-        print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
-        results.append(run_one(run, settings))
+    if args.report_only:
+        found = {run.name: finished_result(run, args.out) for run in runs}
+        results = [result for result in found.values() if result is not None]
+        missing = [name for name, result in found.items() if result is None]
+        if not results:
+            raise CommandError(f"--out {args.out} has no finished run of this study yet")
+        if missing:
+            print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)
+    else:
+        results = []
+        for index, run in enumerate(runs, start=1):
+            print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
+            results.append(run_one(run, settings))
     summary = summarise(results)
     print(format_table(summary))
     write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,

@@ -85,12 +85,18 @@ def score(run: Run, settings: StudySettings, directory: Path) -> dict:
     return result
 
 
+def finished_result(run: Run, out: Path) -> dict | None:
+    """The result of a run that finished before, else None."""
+    path = run_dir(out, run) / RESULT_NAME
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def run_one(run: Run, settings: StudySettings) -> dict:
     """The run's result: read back if it finished before, else trained (or resumed) and scored now."""
+    if (result := finished_result(run, settings.out)) is not None:
+        return result
     directory = run_dir(settings.out, run)
     result_path = directory / RESULT_NAME
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
     directory.mkdir(parents=True, exist_ok=True)
     train(run, settings, directory)
     result = score(run, settings, directory)

@@ -100,3 +100,22 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
     again = study(tmp_path / "split", shared_options)
     assert again.returncode == 0 and "-m finetune" not in again.stdout
     assert [path.stat().st_mtime_ns for path in results] == stamps
+
+
+def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path, capsys):
+    out = tmp_path / "study"
+    options = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "1", "--report-only",
+               "--", "--data", "d", "--tokenizer", "t"]  # fmt: skip
+    assert main(options) == 2
+    assert f"--out {out} has no finished run of this study yet" in capsys.readouterr().err
+    run = Run("baseline", 2, 0)
+    (out / "runs" / run.name).mkdir(parents=True)
+    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
+              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
+    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    assert main(options) == 0
+    captured = capsys.readouterr()
+    assert "not finished yet, left out: baseline-L2-s1" in captured.err
+    assert "12.50 ± 0.00" in captured.out
+    assert json.loads((out / "results.json").read_text())["runs"] == [result]
+    assert not (out / "runs" / "baseline-L2-s1").exists()  # nothing was trained
