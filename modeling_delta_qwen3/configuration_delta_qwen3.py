@@ -6,6 +6,7 @@ from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 ROUTING_MODES = ("delta", "delta_block", "attnres_full", "attnres_block")
 DELTA_MODES = ("delta", "delta_block")
 BLOCK_MODES = ("delta_block", "attnres_block")
+ROUTING_IMPLEMENTATIONS = ("reference", "buffer", "fla", "compiled")
 
 # Written into every saved config.json so that all three Auto classes resolve to the
 # code saved next to it, whichever class the model was saved from.
@@ -14,6 +15,12 @@ AUTO_MAP = {
     "AutoModel": "modeling_delta_qwen3.DeltaQwen3Model",
     "AutoModelForCausalLM": "modeling_delta_qwen3.DeltaQwen3ForCausalLM",
 }
+
+
+def check_routing_implementation(name: str | None) -> None:
+    """Raises a `ValueError` naming the choices unless `name` is one of them (or None, the default)."""
+    if name not in (None, *ROUTING_IMPLEMENTATIONS):
+        raise ValueError(f"routing_implementation={name!r} is not one of {', '.join(ROUTING_IMPLEMENTATIONS)}")
 
 
 @strict
@@ -33,6 +40,12 @@ class DeltaQwen3Config(Qwen3Config):
         routing_gate (`bool`, *optional*, defaults to `False`):
             Give each routing point a scalar gate, initialised to zero, so that a converted checkpoint computes
             exactly what its Qwen3 source did. Delta modes only.
+        routing_implementation (`str`, *optional*):
+            What computes the routing, like `attn_implementation` for attention (settable in `from_pretrained`,
+            or on a model with `set_routing_implementation`; never saved): `"buffer"` (sources in one buffer,
+            backward written by hand), `"fla"` (flash-linear-attention's fused kernel, CUDA), `"compiled"`
+            (traceable by `torch.compile(fullgraph=True)`), `"reference"` (SPEC section 2 in plain PyTorch). By
+            default `"compiled"` under `torch.compile`, else `"fla"` where it runs, else `"buffer"`.
 
     ```python
     >>> from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
@@ -42,10 +55,13 @@ class DeltaQwen3Config(Qwen3Config):
     """
 
     model_type = "delta_qwen3"
+    # Qwen3's pipeline plan hands hidden states from layer to layer; DeltaQwen3's layers hand on the depth state.
+    base_model_pp_plan = None
 
     routing_mode: str = "delta_block"
     routing_num_blocks: int = 4
     routing_gate: bool = False
+    routing_implementation: str | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -61,8 +77,15 @@ class DeltaQwen3Config(Qwen3Config):
                 f"routing_gate=True is only allowed with the delta modes ({', '.join(DELTA_MODES)}), "
                 f"not with routing_mode={self.routing_mode!r}"
             )
+        check_routing_implementation(self.routing_implementation)
         if getattr(self, "auto_map", None) is None:
             self.auto_map = dict(AUTO_MAP)
+
+    def to_dict(self) -> dict:
+        """The saved fields: not `routing_implementation`, a choice of the run rather than of the checkpoint."""
+        fields = super().to_dict()
+        fields.pop("routing_implementation", None)
+        return fields
 
     @property
     def layers_per_block(self) -> int:

@@ -29,10 +29,15 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from .configuration_delta_qwen3 import DeltaQwen3Config
 
 # Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
-# file imports itself: so it imports every module of the package, including the one only `routing.py` uses.
-from .depth_mix import SourceBuffer  # noqa: F401
-from .depth_mix import decoding_scratch
-from .routing import DEPTH_STATES, DepthState, RoutingPoint
+# file imports itself: so it imports every module of the package, including those only the routing uses.
+# (`from .module import name`: the form they recognise.)
+from .routing_buffer import SourceBuffer  # noqa: F401
+from .routing_compiled import CompiledSources  # noqa: F401
+from .routing_fla import FlaSources  # noqa: F401
+from .routing_math import compute_dtype  # noqa: F401
+from .routing_reference import depth_mix  # noqa: F401
+from .configuration_delta_qwen3 import check_routing_implementation
+from .routing import DepthState, RoutingPoint, plan_routing
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
 # with checkpoints and runs inside whichever Transformers a user has, so it speaks the installed version's name.
@@ -65,11 +70,15 @@ assert CACHE_NAME in {f.name for f in fields(BaseModelOutputWithPast)}
 class DecoderLayerOutput(NamedTuple):
     """The depth state to hand to the next layer, and the two sublayer outputs this layer added to it. The outputs
     are returned as tensors so that wrappers which hook a layer's outputs (FSDP re-gathers a layer's parameters for
-    backward when gradients reach them) see this layer's work; the state itself is opaque to them."""
+    backward when gradients reach them) see this layer's work; the state itself is opaque to them. Also the layer's
+    hidden state (`DepthState.layer_hidden_state`) and its attention weights (None unless the attention backend
+    returns them, as eager attention does)."""
 
     state: DepthState
     attn_output: torch.Tensor
     mlp_output: torch.Tensor
+    hidden_state: torch.Tensor
+    attn_weights: torch.Tensor | None
 
 
 class DeltaQwen3DecoderLayer(nn.Module):
@@ -93,9 +102,11 @@ class DeltaQwen3DecoderLayer(nn.Module):
         self.mlp_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated)
         self.gradient_checkpointing = False
 
-    def _attention(self, x: torch.Tensor, position_embeddings, attention_mask, cache, **kwargs) -> torch.Tensor:
+    def _attention(
+        self, x: torch.Tensor, position_embeddings, attention_mask, cache, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = self.input_layernorm(x)
-        return self.self_attn(hidden, position_embeddings, attention_mask, **{CACHE_NAME: cache}, **kwargs)[0]
+        return self.self_attn(hidden, position_embeddings, attention_mask, **{CACHE_NAME: cache}, **kwargs)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.post_attention_layernorm(x))
@@ -121,19 +132,28 @@ class DeltaQwen3DecoderLayer(nn.Module):
         if self._checkpointing:
             cache = None  # recomputing attention in backward would write the cache a second time
         state.enter_layer(self.layer_idx)
-        attn_output = self._run(self._attention, state.routed_input(self.attn_route), position_embeddings,
-                                attention_mask, cache, **kwargs)
+        attn_input = state.routed_input(self.attn_route)
+        hidden_state = state.layer_hidden_state(attn_input)
+        attn_output, attn_weights = self._run(self._attention, attn_input, position_embeddings, attention_mask,
+                                              cache, **kwargs)
         state.add_output(attn_output)
         mlp_output = self._run(self._feed_forward, state.routed_input(self.mlp_route))
         state.add_output(mlp_output)
-        return DecoderLayerOutput(state, attn_output, mlp_output)
+        return DecoderLayerOutput(state, attn_output, mlp_output, hidden_state, attn_weights)
 
 
 class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     config_class = DeltaQwen3Config
     config: DeltaQwen3Config
     _no_split_modules = ["DeltaQwen3DecoderLayer"]
+    # Hidden states and attention weights are collected by `DeltaQwen3Model.forward` itself: a decoder layer takes
+    # and returns the depth state, not the hidden states that Transformers' output hooks expect.
     _can_record_outputs = {}
+
+    def set_routing_implementation(self, routing_implementation: str | None) -> None:
+        """Route with `routing_implementation` (see `DeltaQwen3Config`; None: the default for the situation)."""
+        check_routing_implementation(routing_implementation)
+        self.config.routing_implementation = routing_implementation
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -197,14 +217,31 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         output_routing_weights: bool = False,
         cache: Cache | None = None,
         return_dict: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         **kwargs,
     ) -> DeltaQwen3ModelOutput:
         r"""
         output_routing_weights (`bool`, *optional*, defaults to `False`):
             Return the routing weights of every routing point (SPEC section 5).
+        output_hidden_states (`bool`, *optional*):
+            Return `num_hidden_layers + 1` hidden states, as Qwen3 does: each layer's hidden state (in the delta
+            modes the residual stream entering the layer, in the AttnRes modes, which have no residual stream, the
+            layer's routed attention input; the embeddings for layer 0), then the final norm's output.
+        output_attentions (`bool`, *optional*):
+            Return each layer's attention weights; only eager attention computes them.
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        if output_attentions and self.config._attn_implementation != "eager":
+            raise ValueError(
+                "output_attentions=True needs eager attention, which alone computes the attention weights: load the "
+                f"model with attn_implementation='eager' (it uses {self.config._attn_implementation!r})"
+            )
         cache = cache if cache is not None else past_key_values
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if self.gradient_checkpointing and self.training:
@@ -223,20 +260,26 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         layers = self.layers[: self.config.num_hidden_layers]
         points = [point for layer in layers for point in (layer.attn_route, layer.mlp_route) if point is not None]
         points += [self.final_route] if self.final_route is not None else []
-        state = DEPTH_STATES[self.config.routing_mode](inputs_embeds, self.config, points, decoding_scratch(cache))
+        state = plan_routing(self.config, points, inputs_embeds, cache).start(inputs_embeds, self.config)
+        all_hidden_states, all_attentions = [], []
         for layer in layers:
-            state = layer(
+            layer_output = layer(
                 state,
                 position_embeddings,
                 attention_mask=masks[layer.attention_type],
                 cache=cache,
                 position_ids=position_ids,
                 **kwargs,
-            ).state
+            )
+            state = layer_output.state
+            all_hidden_states.append(layer_output.hidden_state)
+            all_attentions.append(layer_output.attn_weights)
         hidden_states = self.norm(state.final_hidden(self.final_route))
         return DeltaQwen3ModelOutput(
             last_hidden_state=hidden_states,
             routing_weights=state.routing_weights_by_token() if output_routing_weights else None,
+            hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
             **{CACHE_NAME: cache if use_cache else None},
         )
 
@@ -259,7 +302,6 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
-    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
 
     def __init__(self, config: DeltaQwen3Config):
         super().__init__(config)
@@ -293,6 +335,8 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
         output_routing_weights: bool = False,
         cache: Cache | None = None,
         return_dict: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         **kwargs,
     ) -> DeltaQwen3CausalLMOutput | tuple:
         r"""
@@ -309,6 +353,8 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_routing_weights=output_routing_weights,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
@@ -321,6 +367,8 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
             loss=loss,
             logits=logits,
             routing_weights=outputs.routing_weights,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
             **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
         )
         return output if return_dict is not False else output.to_tuple()

@@ -10,16 +10,37 @@ replaces it. Each mode is one small `DepthState` below:
     attnres_block  h_hat_s = mix_s([B_0, ..., B_{j-1}, P]);     output = mix_final([B_0, ..., B_last])
 
 Sublayer 0 is never routed: its input is `h_0`.
+
+Which implementation computes the routing points' mixtures is `config.routing_implementation` (see
+`IMPLEMENTATIONS`), decided once per forward pass with everything else that depends on the mode and the situation,
+in a `RoutingPlan` (`plan_routing`).
 """
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from .configuration_delta_qwen3 import DeltaQwen3Config
-from .depth_mix import DecodingScratch, SourceBuffer, SourceList, upfront_parameters, use_fla
+from .configuration_delta_qwen3 import ROUTING_IMPLEMENTATIONS, DeltaQwen3Config, check_routing_implementation
+from .routing_buffer import DecodingScratch, SourceBuffer, decoding_scratch
+from .routing_buffer import new_sources as buffer_sources
+from .routing_compiled import new_sources as compiled_sources
+from .routing_fla import fla_unavailable
+from .routing_fla import new_sources as fla_sources
+from .routing_reference import SourceList
+from .routing_reference import new_sources as reference_sources
+
+# Each implementation's `new_sources(h0, eps, capacity, points, scratch)`: the object a forward pass appends its
+# sources to and routes its points through (`append(x)`, `route(point, residual, extra)`, `to(...)`).
+IMPLEMENTATIONS = {
+    "reference": reference_sources,
+    "buffer": buffer_sources,
+    "fla": fla_sources,
+    "compiled": compiled_sources,
+}
+assert tuple(IMPLEMENTATIONS) == ROUTING_IMPLEMENTATIONS
 
 
 class RoutingPoint(nn.Module):
@@ -49,28 +70,16 @@ def _blocks_formed(config: DeltaQwen3Config) -> int:
 
 
 class DepthState:
-    """What one forward pass carries over depth: the sources routed over (see `depth_mix`), the
+    """What one forward pass carries over depth: the sources routed over (see `IMPLEMENTATIONS`), the
     routing weights so far, and each mode's own tensors.
 
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
     """
 
-    def __init__(
-        self,
-        h0: torch.Tensor,
-        config: DeltaQwen3Config,
-        points: list[RoutingPoint],
-        scratch: DecodingScratch | None = None,
-    ):
-        """`points`: the routing points in the order they run; `scratch`: what the generation's previous decoding
-        step left for this one to reuse, if any."""
+    def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config, plan: "RoutingPlan"):
         self.layers_per_block = config.layers_per_block
-        eps = config.rms_norm_eps
-        if use_fla(h0):
-            self.sources = SourceList(eps)
-        else:
-            queries, gates = upfront_parameters(points, h0, scratch)
-            self.sources = SourceBuffer(eps, self.capacity(config), len(points), queries, scratch, gates)
+        new_sources = IMPLEMENTATIONS[plan.implementation]
+        self.sources = new_sources(h0, config.rms_norm_eps, self.capacity(config), plan.points, plan.scratch)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
         self.sources.append(h0)
@@ -100,6 +109,11 @@ class DepthState:
         """The input `h_hat_s` of the next sublayer; `point` is None for sublayer 0, which is never routed."""
         raise NotImplementedError
 
+    def layer_hidden_state(self, attn_input: torch.Tensor) -> torch.Tensor:
+        """The hidden state of the layer whose routed attention input is `attn_input` (`output_hidden_states`):
+        that input itself in the AttnRes modes, which have no residual stream."""
+        return attn_input
+
     def add_output(self, v: torch.Tensor) -> None:
         """Hand back the output `v_s` of the sublayer that just ran."""
         raise NotImplementedError
@@ -120,14 +134,18 @@ class DepthState:
 class _AdditiveState(DepthState):
     """Delta modes: the ordinary residual stream is kept and the routed mixture is added to it."""
 
-    def __init__(self, h0, config, points, scratch=None):
-        super().__init__(h0, config, points, scratch)
+    def __init__(self, h0, config, plan):
+        super().__init__(h0, config, plan)
         self.hidden = h0
 
     def routed_input(self, point):
         if point is None:
             return self.hidden
         return self._route(point, residual=self.hidden)
+
+    def layer_hidden_state(self, attn_input):
+        """The residual stream at the layer boundary, as in Qwen3."""
+        return self.hidden
 
     def final_hidden(self, final_point):
         return self.hidden
@@ -136,10 +154,10 @@ class _AdditiveState(DepthState):
 class DeltaState(_AdditiveState):
     """`delta`: every sublayer's output is a source, except the last one, which no routing point reads."""
 
-    def __init__(self, h0, config, points, scratch=None):
-        super().__init__(h0, config, points, scratch)
+    def __init__(self, h0, config, plan):
+        super().__init__(h0, config, plan)
         # Each point reads the outputs of the sublayers before its own: the last sublayer's output, no point.
-        self.outputs_to_keep = len(points)
+        self.outputs_to_keep = len(plan.points)
 
     @staticmethod
     def capacity(config):
@@ -156,8 +174,8 @@ class DeltaBlockState(_AdditiveState):
     """`delta_block`: the change of the residual stream over each finished block is a source, visible from the
     next block's first attention sublayer on."""
 
-    def __init__(self, h0, config, points, scratch=None):
-        super().__init__(h0, config, points, scratch)
+    def __init__(self, h0, config, plan):
+        super().__init__(h0, config, plan)
         self.block_start = h0
 
     @staticmethod
@@ -192,8 +210,8 @@ class AttnResBlockState(DepthState):
     """`attnres_block`: sources are the embedding and finished block sums `B_j`, plus the running partial sum `P`
     of the current block."""
 
-    def __init__(self, h0, config, points, scratch=None):
-        super().__init__(h0, config, points, scratch)
+    def __init__(self, h0, config, plan):
+        super().__init__(h0, config, plan)
         self.partial: torch.Tensor | None = None
 
     @staticmethod
@@ -228,3 +246,40 @@ DEPTH_STATES: dict[str, type[DepthState]] = {
     "attnres_full": AttnResFullState,
     "attnres_block": AttnResBlockState,
 }
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    """What one forward pass decides once about its routing: the implementation that routes (a name of
+    `IMPLEMENTATIONS`), the mode's depth state, the routing points in the order they run, and, for the buffer
+    implementation in a generation, what the previous decoding step left for this one to reuse."""
+
+    implementation: str
+    state_class: type[DepthState]
+    points: list[RoutingPoint]
+    scratch: DecodingScratch | None = None
+
+    def start(self, h0: torch.Tensor, config: DeltaQwen3Config) -> DepthState:
+        """The depth state of a forward pass whose embeddings are `h0`."""
+        return self.state_class(h0, config, self)
+
+
+def resolve_implementation(requested: str | None, h0: torch.Tensor) -> str:
+    """The implementation that routes hidden states like `h0`: `requested` when it can, else a `ValueError` that
+    says why; by default, under `torch.compile` the compiled one, else fla's kernel where it runs, else the
+    buffer. Checked here too: `from_pretrained` sets the field after the configuration's own checks."""
+    check_routing_implementation(requested)
+    if requested is None:
+        if torch.compiler.is_compiling():
+            return "compiled"
+        return "buffer" if fla_unavailable(h0) else "fla"
+    if requested == "fla" and (reason := fla_unavailable(h0)) is not None:
+        raise ValueError(f"routing_implementation='fla' cannot route this forward pass: {reason}")
+    return requested
+
+
+def plan_routing(config: DeltaQwen3Config, points: list[RoutingPoint], h0: torch.Tensor, cache) -> RoutingPlan:
+    """The routing plan of a forward pass from `h0` through `points` with the KV cache `cache` (or None)."""
+    implementation = resolve_implementation(config.routing_implementation, h0)
+    scratch = decoding_scratch(cache) if implementation == "buffer" else None
+    return RoutingPlan(implementation, DEPTH_STATES[config.routing_mode], points, scratch)

@@ -133,7 +133,8 @@ def test_config_code_and_carried_files(converted, qwen3_checkpoint):
     assert config["dtype"] == "float32"
     assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
     assert {p.name for p in out.glob("*.py")} == {
-        "configuration_delta_qwen3.py", "modeling_delta_qwen3.py", "routing.py", "depth_mix.py"
+        "configuration_delta_qwen3.py", "modeling_delta_qwen3.py", "routing.py", "routing_buffer.py",
+        "routing_compiled.py", "routing_fla.py", "routing_math.py", "routing_reference.py",
     }
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).read_bytes() == (qwen3_checkpoint / name).read_bytes()

@@ -13,8 +13,8 @@ from spec_reference import randomize_routing, reference_forward
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
-from modeling_delta_qwen3 import depth_mix, routing
-from modeling_delta_qwen3.depth_mix import SourceBuffer, upfront_gates, upfront_queries
+from modeling_delta_qwen3 import routing_buffer
+from modeling_delta_qwen3.routing_buffer import SourceBuffer, upfront_gates, upfront_queries
 from modeling_delta_qwen3.routing import RoutingPoint
 
 MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
@@ -330,7 +330,7 @@ def test_backward_passes_left_to_the_sources_agree_with_each_points_own(monkeypa
     model = random_model(mode, gated).train().double()
     ids = token_ids()
     loss, grads = _loss_and_grads(model, ids)
-    monkeypatch.setattr(routing, "upfront_parameters", lambda points, like, scratch: (None, None))
+    monkeypatch.setattr(routing_buffer, "upfront_parameters", lambda points, like, scratch: (None, None))
     own_loss, own_grads = _loss_and_grads(model, ids)
     torch.testing.assert_close(own_loss, loss, atol=1e-12, rtol=0)
     assert grads.keys() == own_grads.keys() and any(name.endswith("_route.gate") for name in grads) == gated
@@ -456,12 +456,12 @@ def test_routing_buffers_are_freed_by_reference_counting(monkeypatch, mode):
     graph that holds them) alive: no reference cycle, which the garbage collector could not break either."""
     storages = []
 
-    class TrackedStorage(depth_mix._SourceStorage):
+    class TrackedStorage(routing_buffer._SourceStorage):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             storages.append(weakref.ref(self))
 
-    monkeypatch.setattr(depth_mix, "_SourceStorage", TrackedStorage)
+    monkeypatch.setattr(routing_buffer, "_SourceStorage", TrackedStorage)
     model = random_model(mode).train()
     ids = token_ids()
     gc.disable()
@@ -540,3 +540,92 @@ def test_text_generation_pipeline(tokenizer):
     expected = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=2)
     assert expected.shape[1] == ids.shape[1] + 6 and text
     assert text == tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("mode", ["delta", "delta_block"])
+def test_converted_model_hidden_states_and_attentions_are_qwen3s(mode):
+    """A gated model with Qwen3's weights and zero-initialised routing returns Qwen3's `num_hidden_layers + 1` hidden
+    states (the last after the final norm) and its eager attention weights."""
+    torch.manual_seed(0)
+    qwen3 = Qwen3ForCausalLM(tiny_qwen3_config(**SHAPE)).eval()
+    delta = DeltaQwen3ForCausalLM(delta_config(mode, gated=True)).eval()
+    delta.load_state_dict(qwen3.state_dict(), strict=False)
+    qwen3.set_attn_implementation("eager")
+    delta.set_attn_implementation("eager")
+    ids = token_ids()
+    expected = qwen3(ids, output_hidden_states=True, output_attentions=True)
+    out = delta(ids, output_hidden_states=True, output_attentions=True)
+    assert len(out.hidden_states) == len(expected.hidden_states) == SHAPE["num_hidden_layers"] + 1
+    assert len(out.attentions) == len(expected.attentions) == SHAPE["num_hidden_layers"]
+    for got, want in zip([*out.hidden_states, *out.attentions], [*expected.hidden_states, *expected.attentions]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def sublayer_io(model) -> dict[str, list[torch.Tensor]]:
+    """Hooks recording, per layer, its attention's routed input (`input_layernorm`'s input), its attention output
+    and weights, and its MLP output."""
+    records = {"attn_input": [], "attn_output": [], "attn_weights": [], "mlp_output": []}
+    for layer in model.model.layers:
+        layer.input_layernorm.register_forward_hook(lambda m, args, out: records["attn_input"].append(args[0]))
+        layer.self_attn.register_forward_hook(lambda m, args, out: records["attn_output"].append(out[0]))
+        layer.self_attn.register_forward_hook(lambda m, args, out: records["attn_weights"].append(out[1]))
+        layer.mlp.register_forward_hook(lambda m, args, out: records["mlp_output"].append(out))
+    return records
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hidden_states_are_the_layer_boundaries(mode):
+    """Delta modes: the residual stream entering each layer, `h_0` plus every earlier sublayer's output. AttnRes
+    modes: each layer's routed attention input. Then the final norm's output; attention weights under eager."""
+    model = random_model(mode, gated=mode.startswith("delta"))
+    model.set_attn_implementation("eager")
+    records = sublayer_io(model)
+    ids = token_ids()
+    out = model.model(ids, output_hidden_states=True, output_attentions=True)
+    layers = SHAPE["num_hidden_layers"]
+    assert len(out.hidden_states) == layers + 1 and len(out.attentions) == layers
+    torch.testing.assert_close(out.hidden_states[0], model.model.embed_tokens(ids), atol=0, rtol=0)
+    torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state, atol=0, rtol=0)
+    stream = out.hidden_states[0]
+    for i in range(layers):
+        expected = stream if mode.startswith("delta") else records["attn_input"][i]
+        torch.testing.assert_close(out.hidden_states[i], expected, atol=1e-5, rtol=0)
+        stream = stream + records["attn_output"][i] + records["mlp_output"][i]
+        assert out.attentions[i].shape == (2, 4, 11, 11)
+        torch.testing.assert_close(out.attentions[i], records["attn_weights"][i], atol=0, rtol=0)
+        torch.testing.assert_close(out.attentions[i].sum(-1), torch.ones(2, 4, 11))
+    assert not mode.startswith("delta") or (out.hidden_states[2] - records["attn_input"][2]).abs().max() > 1e-3
+    as_tuple = model(ids, output_hidden_states=True, return_dict=False, use_cache=False)
+    assert len(as_tuple[1]) == layers + 1
+
+
+def test_attention_weights_need_eager_attention():
+    model = random_model("delta")
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match="output_attentions=True needs eager attention.*'sdpa'"):
+        model(token_ids(), output_attentions=True)
+    assert model(token_ids()).attentions is None and model(token_ids()).hidden_states is None
+
+
+def test_class_flags_say_what_holds():
+    """No pipeline-parallel plan (layers hand on the depth state, not hidden states), and an attention function
+    registered with Transformers' `AttentionInterface` is what the layers call."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    assert DeltaQwen3ForCausalLM._pp_plan is None and DeltaQwen3Config.base_model_pp_plan is None
+    assert not DeltaQwen3ForCausalLM(delta_config("delta")).supports_pp_plan
+    calls = []
+
+    def counting_attention(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    AttentionInterface.register("counting_sdpa", counting_attention)
+    model = random_model("delta_block")
+    ids = token_ids()
+    model.set_attn_implementation("sdpa")
+    expected = model(ids).logits
+    model.set_attn_implementation("counting_sdpa")
+    torch.testing.assert_close(model(ids).logits, expected, atol=0, rtol=0)
+    assert len(calls) == SHAPE["num_hidden_layers"]

@@ -40,11 +40,15 @@ def test_loads_with_trust_remote_code_without_the_project(tmp_path, mode):
     assert files == [
         "config.json",
         "configuration_delta_qwen3.py",
-        "depth_mix.py",
         "generation_config.json",
         "model.safetensors",
         "modeling_delta_qwen3.py",
         "routing.py",
+        "routing_buffer.py",
+        "routing_compiled.py",
+        "routing_fla.py",
+        "routing_math.py",
+        "routing_reference.py",
     ]
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["auto_map"] == AUTO_MAP and config["model_type"] == "delta_qwen3"

@@ -1,5 +1,5 @@
-"""The sources a forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or
-time.
+"""The `"buffer"` routing implementation, the default in eager mode without flash-linear-attention: the sources a
+forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or time.
 
 For a routing point `p` with query `q`, norm weight `g` and optional gate `gamma`, over sources `x_1 .. x_n`:
 
@@ -31,40 +31,26 @@ is written by hand:
   pass to its newest source (`_deferred_point_backward`): there, the dot products of the sources with the output
   gradients of every point whose newest source it is are one batched product, which reads each source once for
   all of them rather than once per point.
-
-`SourceList` keeps the sources as separate tensors for flash-linear-attention's `fused_attnres`, which computes
-`sum_j alpha_j x_j` in fused kernels, forward and backward (CUDA, when installed: `pip install delta-qwen3[fla]`).
 """
 
 import math
 
 import torch
 
-try:
-    from fla.ops.attnres import fused_attnres
-except ImportError:
-    fused_attnres = None
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Routing is computed in float32 like `Qwen3RMSNorm`, or in float64 for a float64 model."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`x.to(dtype)`, skipping the call when it would do nothing: routing runs once per sublayer and token in
-    generation, where even calls that do nothing add up."""
-    return x if x.dtype == dtype else x.to(dtype)
-
-
-def inverse_rms(x: torch.Tensor, eps: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`1 / sqrt(mean(x^2) + eps)` over the last dimension of `x` (in the compute dtype), shape `x.shape[:-1]`;
-    `eps` is a 0-dim tensor of `x`'s dtype. Taken from the Euclidean norm: one pass over `x` without a temporary of
-    its size, and fewer dispatched operations than `x.pow(2).mean(-1)`, which for one token cost more than the
-    arithmetic."""
-    norm = torch.linalg.vector_norm(x, dim=-1)
-    return torch.rsqrt(torch.addcmul(eps, norm, norm, value=1 / x.shape[-1]), out=out)
-
+from .routing_math import (
+    add_inverse_rms_gradient,
+    as_dtype,
+    compute_dtype,
+    inverse_rms,
+    inverse_rms_gradient,
+    logits_against_points,
+    mixture_backward,
+    point_query,
+    routing_weights,
+    score_gradients,
+    weighted_sum,
+)
+from .routing_math import logits as point_logits
 
 def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`, for hidden states like
@@ -74,8 +60,7 @@ def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
     queries, norm_weights = _stacked_on(queries, like.device), _stacked_on(norm_weights, like.device)
     if queries is None or norm_weights is None or not queries.shape[1:] == norm_weights.shape[1:] == like.shape[-1:]:
         return None
-    acc = compute_dtype(like.dtype)
-    return as_dtype(queries, acc) * as_dtype(norm_weights, acc)
+    return point_query(queries, norm_weights, compute_dtype(like.dtype))
 
 
 def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
@@ -109,21 +94,6 @@ def _stacked_on(tensors: list[torch.Tensor], device: torch.device) -> torch.Tens
     except RuntimeError:  # on different devices, or of different sizes
         return None
     return stacked if type(stacked) is torch.Tensor and stacked.device == device else None
-
-
-def _add_inverse_rms_gradient(grad: torch.Tensor, x: torch.Tensor, inv_rms: torch.Tensor, inv_rms_grad: torch.Tensor):
-    """Adds to a source's gradient the part that flows through its `r = 1 / RMS(x)`: `dr/dx = -r^3 x / D`."""
-    return grad.addcmul_(x, (inv_rms_grad * inv_rms.pow(3) / -x.shape[-1]).unsqueeze(-1))
-
-
-def _weighted_sum(x_by_token: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """`residual + sum_j weights[:, :, j] * x_by_token[:, j]` for sources `[tokens, n, D]`, weights `[tokens, 1, n]`
-    and a residual `[tokens, 1, D]`: one batched product per token, whose output is shaped like the residual."""
-    if x_by_token.shape[1] == 1:  # a batched product with a single term takes a slow path on CPU
-        return x_by_token * weights if residual is None else torch.addcmul(residual, x_by_token, weights)
-    if residual is None:
-        return torch.bmm(weights, x_by_token)
-    return torch.baddbmm(residual, weights, x_by_token)
 
 
 class _BackwardStore:
@@ -270,7 +240,7 @@ class _SourceStorage:
             if self.logits_up_front:  # the logits against the points still to run
                 later = slice(self.points, self.max_points)
                 source = x.reshape(-1, x.shape[-1])
-                torch.mm(self._queries[later], source.T, out=self._logit_slots[slot][later]).mul_(r.view(-1))
+                logits_against_points(self._queries[later], source, r.view(-1), out=self._logit_slots[slot][later])
         self.first_reader.append(self.points)
         self.count += 1
 
@@ -295,21 +265,21 @@ class _SourceStorage:
         if self.logits_up_front:
             logits = self._logits_by_point[p][:n]
         else:  # into the logits buffer when there is one, for the backward pass
-            logits = torch.mul(x @ w, inv_rms, out=None if self.logits is None else self._logits_by_point[p][:n])
+            logits = point_logits(x, w, inv_rms, out=None if self.logits is None else self._logits_by_point[p][:n])
         if extra is not None:
             e = as_dtype(extra.reshape(tokens, hidden), acc)
             extra_inv_rms = inverse_rms(e, self._eps)[None]
-            logits = torch.cat([logits, (e @ w)[None] * extra_inv_rms])
+            logits = torch.cat([logits, point_logits(e, w, extra_inv_rms[0])[None]])
             inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
         # Softmax along the tokens' contiguous axis, many times faster than along a short last axis of sources.
-        alpha = torch.softmax(logits, dim=0)  # [sources, tokens]
+        alpha = routing_weights(logits, sources_dim=0)  # [sources, tokens]
         weights, weights_by_token = self._weights(alpha.shape[0])
         if gate is None:
             weights.copy_(alpha)
         else:
             torch.mul(alpha, as_dtype(gate, acc), out=weights)
         residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), acc)
-        out = _weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
+        out = weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
         if extra is not None:
             out.addcmul_(e[:, None], weights_by_token[:, :, n:])
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
@@ -340,7 +310,7 @@ class _SourceStorage:
             n += 1
         x, x_transposed, norms = self._prefixes[n]  # [1, n, D], [1, D, n], [1, 1, n]
         logits = torch.bmm(self._query(p, point), x_transposed).div_(norms)
-        alpha = torch.softmax(logits, dim=-1)  # [1, 1, n]
+        alpha = routing_weights(logits, sources_dim=-1)  # [1, 1, n]
         if residual is None:
             out = torch.bmm(alpha, x)
         else:
@@ -358,7 +328,7 @@ class _SourceStorage:
         if self._query_rows is not None:
             return self._query_rows[p]
         query, norm_weight = point.query_and_norm_weight()
-        w = as_dtype(query, self.acc) * as_dtype(norm_weight, self.acc)
+        w = point_query(query, norm_weight, self.acc)
         return (w * math.sqrt(w.shape[-1])).view(1, 1, -1) if self.one_token else w
 
     def _allocate(self, x: torch.Tensor) -> None:
@@ -516,18 +486,6 @@ def decoding_scratch(cache) -> DecodingScratch | None:
     return cache.delta_qwen3_routing
 
 
-def _mixture_backward(alpha: torch.Tensor, dots: torch.Tensor, gate: torch.Tensor | None, sources_dim: int):
-    """With `d_j = x_j . G`, the dot products of a point's sources with its output gradient: its logits' gradients
-    `dL/dl_j = gamma alpha_j (d_j - sum_k alpha_k d_k)`, its coefficients `gamma alpha_j`, and per token `sum_j
-    alpha_j d_j`, whose sum is its gate's gradient. `gate`, if any, broadcasts against `alpha`."""
-    weighted_dots = alpha * dots
-    per_token = weighted_dots.sum(sources_dim, keepdim=True)
-    logit_grads = torch.addcmul(weighted_dots, alpha, per_token, value=-1)
-    if gate is None:
-        return logit_grads, alpha, per_token
-    return logit_grads.mul_(gate), alpha * gate, per_token
-
-
 class _AppendSource(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None, queries, gates):
@@ -556,12 +514,12 @@ class _AppendSource(torch.autograd.Function):
         grad = torch.bmm(coefficients, grad_outs).squeeze(1)
         inv_rms = sources.inv_rms[j].to(device)
         logit_grads = store.logit_grads[readers, j].to(device)  # [points, tokens]
-        score_grads = logit_grads * inv_rms
+        score_grads = score_gradients(logit_grads, inv_rms)
         w = (sources.queries if store.w is None else store.w)[readers].to(device)
         grad.addmm_(score_grads.T, w)
-        inv_rms_grad = (logit_grads * sources.logits[j, readers].to(device)).sum(0).div_(inv_rms)
+        inv_rms_grad = inverse_rms_gradient(logit_grads, sources.logits[j, readers].to(device), inv_rms)
         x = x.to(grad.dtype)
-        _add_inverse_rms_gradient(grad, x, inv_rms, inv_rms_grad)
+        add_inverse_rms_gradient(grad, x, inv_rms, inv_rms_grad)
         grad_queries = None
         if ctx.needs_input_grad[3]:  # this source's part of dL/dw_p, for the points that read it
             grad_queries = sources.queries.new_zeros(sources.queries.shape)
@@ -592,9 +550,9 @@ def _deferred_point_backward(sources: _SourceStorage, j: int) -> torch.Tensor | 
         points = slice(start, stop)
         grad_outs = as_dtype(store.grad_out[points], acc).transpose(0, 1)  # [tokens, points, D]
         dots = torch.bmm(grad_outs, values).permute(1, 2, 0)  # x_j . G_p: [points, n, tokens]
-        alpha = torch.softmax(sources.logits[:n, points].to(device), dim=0).transpose(0, 1)  # [points, n, tokens]
+        alpha = routing_weights(sources.logits[:n, points].to(device), sources_dim=0).transpose(0, 1)  # [points, n, tokens]
         gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), acc).view(-1, 1, 1)
-        logit_grads, weights, per_token = _mixture_backward(alpha, dots, gates, sources_dim=1)
+        logit_grads, weights, per_token = mixture_backward(alpha, dots, gates, sources_dim=1)
         if grad_gates is not None:
             grad_gates[points] = per_token.sum((1, 2)).to(grad_gates)
         store.weights[points, :n] = weights
@@ -643,7 +601,7 @@ class _Route(torch.autograd.Function):
             e = as_dtype(extra.reshape(tokens, hidden), acc)
             dots = torch.cat([dots, (e * grad_acc.view(tokens, hidden)).sum(-1)[None]])
         gate_acc = None if gate is None else as_dtype(gate, acc)
-        logit_grads, weights, per_token = _mixture_backward(alpha, dots, gate_acc, sources_dim=0)
+        logit_grads, weights, per_token = mixture_backward(alpha, dots, gate_acc, sources_dim=0)
         grad_gate = None
         if gate is not None and ctx.needs_input_grad[3]:
             grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
@@ -654,8 +612,8 @@ class _Route(torch.autograd.Function):
 
         grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
         if store.w is not None or extra is not None:
-            score_grads = logit_grads * inv_rms  # dL/ds_j = r_j dL/dl_j
-            w = as_dtype(query, acc) * as_dtype(norm_weight, acc)
+            score_grads = score_gradients(logit_grads, inv_rms)
+            w = point_query(query, norm_weight, acc)
         if store.w is not None:
             store.w[p] = w
             grad_w = values.view(n * tokens, hidden).T.to(acc) @ score_grads[:n].reshape(n * tokens)
@@ -663,7 +621,8 @@ class _Route(torch.autograd.Function):
         if extra is not None:
             grad_w = e.T @ score_grads[n] if grad_w is None else grad_w.addmv_(e.T, score_grads[n])
             grad_extra = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), weights[n, :, None])
-            _add_inverse_rms_gradient(grad_extra, e, inv_rms[n], logit_grads[n] * logits[n] / inv_rms[n])
+            extra_inv_rms_grad = inverse_rms_gradient(logit_grads[n, None], logits[n, None], inv_rms[n])
+            add_inverse_rms_gradient(grad_extra, e, inv_rms[n], extra_inv_rms_grad)
             grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
         return (
             None,
@@ -677,44 +636,10 @@ class _Route(torch.autograd.Function):
         )
 
 
-class SourceList:
-    """The sources as separate tensors, routed by flash-linear-attention's fused kernel (`fla_depth_mix`)."""
-
-    def __init__(self, eps: float):
-        self.eps = eps
-        self.tensors: list[torch.Tensor] = []
-
-    def append(self, x: torch.Tensor) -> None:
-        self.tensors.append(x)
-
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        tensors = self.tensors if extra is None else [*self.tensors, extra]
-        gate = point.gate if residual is not None else None
-        return fla_depth_mix(tensors, *point.query_and_norm_weight(), self.eps, residual=residual, gate=gate)
-
-    def to(self, *args, **kwargs) -> "SourceList":
-        self.tensors = [t.to(*args, **kwargs) for t in self.tensors]
-        return self
-
-
-def use_fla(x: torch.Tensor) -> bool:
-    """Whether routing over sources like `x` goes through flash-linear-attention's kernel: on CUDA, when installed."""
-    return fused_attnres is not None and x.is_cuda
-
-
-def fla_depth_mix(
-    sources: list[torch.Tensor],
-    query: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing through `fla.ops.attnres.fused_attnres`, which computes exactly `mix` (RMS-normalised sources scored
-    against the query, softmax over sources, weighted sum) in fused kernels; the residual and gate are applied
-    around it."""
-    mix, weights = fused_attnres(query, sources, norm_weight, rms_eps=eps, return_weights=True)
-    weights = weights.reshape(len(sources), -1).T
-    if residual is None:
-        return mix, weights
-    return residual + (mix if gate is None else gate.to(mix.dtype) * mix), weights
+def new_sources(
+    h0: torch.Tensor, eps: float, capacity: int, points: list, scratch: DecodingScratch | None
+) -> SourceBuffer:
+    """A `SourceBuffer` for a forward pass from `h0` over `points`, with their parameters stacked up front when
+    they can be (see `upfront_parameters`)."""
+    queries, gates = upfront_parameters(points, h0, scratch)
+    return SourceBuffer(eps, capacity, len(points), queries, scratch, gates)

@@ -1,0 +1,63 @@
+"""SPEC section 2's routing point in plain PyTorch: the oracle that every other routing implementation is tested
+against, forward and backward (`tests/test_routing_implementations.py`).
+
+It stacks the sources, RMS-normalises them, scores them against the query, takes the softmax over sources and sums
+the weighted sources, in the order the spec writes it, and shares no code with the fast implementations. Autograd
+saves a stacked and a normalised copy of the sources at every point, so its training memory grows with the square
+of the depth: it is for checking, not for training large models.
+"""
+
+import torch
+
+
+def depth_mix(
+    sources: list[torch.Tensor],
+    query: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`residual + gate * mix_p` (`mix_p` alone without a residual, `gate` 1 when None) over `sources`, each
+    `[..., D]`, for a point with query `q` and RMSNorm weight `g` (`[D]`): computed in float32 like Qwen3's RMSNorm
+    (float64 for float64 sources), returned in the sources' dtype, with the routing weights `[tokens, n]`."""
+    acc = torch.promote_types(sources[0].dtype, torch.float32)
+    x = torch.stack(sources).to(acc)  # [n, ..., D]
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(acc)
+    logits = normed @ query.to(acc)  # [n, ...]
+    alpha = torch.softmax(logits, dim=0)
+    mix = (alpha.unsqueeze(-1) * x).sum(0)  # [..., D]
+    if residual is not None:
+        mix = residual.to(acc) + (mix if gate is None else gate.to(acc) * mix)
+    return mix.to(sources[0].dtype), alpha.reshape(len(sources), -1).T
+
+
+class SourceList:
+    """The sources of one forward pass as a list of tensors, each routing point calling `mixture` over them (and
+    over `extra`, a source that point alone reads): `depth_mix` here, another kernel of the same signature in
+    subclasses."""
+
+    mixture = staticmethod(depth_mix)
+
+    def __init__(self, eps: float):
+        self.eps = eps
+        self.tensors: list[torch.Tensor] = []
+
+    def append(self, x: torch.Tensor) -> None:
+        self.tensors.append(x)
+
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gamma * mix` (`mix` without a residual) and the routing weights `[tokens, n_sources]`."""
+        tensors = self.tensors if extra is None else [*self.tensors, extra]
+        gate = point.gate if residual is not None else None
+        return self.mixture(tensors, *point.query_and_norm_weight(), self.eps, residual=residual, gate=gate)
+
+    def to(self, *args, **kwargs) -> "SourceList":
+        moved = type(self)(self.eps)
+        moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
+        return moved
+
+
+def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list, scratch) -> SourceList:
+    """The `"reference"` implementation's sources (`routing.IMPLEMENTATIONS`)."""
+    return SourceList(eps)
