@@ -33,6 +33,9 @@ VLLM_SHAPE = dict(head_dim=64, num_attention_heads=2, num_key_value_heads=1, num
 PROMPTS = [[5, 17, 99, 230, 41, 8], [300, 12], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56], [128]]
 NEW_TOKENS = 8
 ENGINE = dict(max_model_len=256, max_num_seqs=8, kv_cache_memory_bytes=64 << 20, seed=0, trust_remote_code=True)
+# How far 16-bit prompt log-probabilities (of magnitude about 6) may be from float32's: seen up to 0.04 in bfloat16
+# and 0.005 in float16.
+HALF_PRECISION_ATOL = {"bfloat16": 0.1, "float16": 0.02}
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -121,8 +124,20 @@ def test_zeroed_routing_changes_the_tokens(checkpoints):
 
 def test_greedy_tokens_equal_generate_in_eager_mode(checkpoints, tmp_path):
     """Every routing mode and the plain Qwen3 control (served by vLLM's own Qwen3), in float32: the same tokens and
-    prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch."""
-    assert_same_as_generate(checkpoints, run_vllm(token_runs(checkpoints), tmp_path, enforce_eager=True))
+    prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch. In bfloat16
+    and float16 (a delta and an AttnRes mode), the prompt log-probabilities are close to float32's."""
+    half = [
+        {"name": f"{mode}-{dtype}", "model": str(checkpoints[mode][0]), "dtype": dtype, "prompts": PROMPTS,
+         "max_tokens": 1, "prompt_logprobs": 0}
+        for mode in ("delta_block", "attnres_full") for dtype in HALF_PRECISION_ATOL
+    ]
+    results = run_vllm(token_runs(checkpoints) + half, tmp_path, enforce_eager=True)
+    assert_same_as_generate(checkpoints, results)
+    for mode in ("delta_block", "attnres_full"):
+        expected = [prompt_logprobs(checkpoints[mode][1], prompt) for prompt in PROMPTS]
+        for dtype, atol in HALF_PRECISION_ATOL.items():
+            for got, want in zip(results[f"{mode}-{dtype}"]["prompt_logprobs"], expected):
+                torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=atol, rtol=0)
 
 
 def test_greedy_tokens_equal_generate_in_default_mode(checkpoints, tmp_path):
