@@ -115,6 +115,13 @@ print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))
 routing_weights = model(**inputs, output_routing_weights=True).routing_weights
 ```
 
+vLLM serves it through its Transformers modeling backend, in its default (compiled) mode and with `--enforce-eager`,
+with continuous batching and the OpenAI-compatible server; pipeline parallelism is not supported:
+
+```bash
+vllm serve {model_id} --trust-remote-code
+```
+
 ## Citation
 
 ```bibtex

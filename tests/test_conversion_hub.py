@@ -96,6 +96,7 @@ def test_hub_id_converted_and_published(hub_source, fake_hub, tmp_path, capsys):
     assert card.data.license == "apache-2.0"
     assert card.data.library_name == "transformers" and "delta-qwen3" in card.data.tags
     assert 'from_pretrained("me/DeltaQwen3-Tiny", trust_remote_code=True)' in card.text
+    assert "vllm serve me/DeltaQwen3-Tiny --trust-remote-code" in card.text
     assert "| routing_mode | `delta_block` |" in card.text and "computes exactly what the source computes" in card.text
 
     result = last_json_line(run_without_project(
@@ -113,6 +114,7 @@ def test_push_writes_a_card_only_when_missing(qwen3_checkpoint, fake_hub, tmp_pa
     card = ModelCard.load(fake_hub.root / "me/tuned/README.md")
     assert card.data.base_model == "me/DeltaQwen3-Tiny" and card.data.license is None
     assert "| routing_num_blocks | `2` (2 layers per block) |" in card.text
+    assert "vllm serve me/tuned --trust-remote-code" in card.text
     assert f"[DeltaQwen3]({PROJECT_URL})" in card.text
     assert DELTA_ATTNRES_BIBTEX in card.text and ATTNRES_BIBTEX in card.text  # an AttnRes mode cites both papers
     assert not (finetuned / "README.md").exists()  # the card is uploaded, never written into DIR
