@@ -19,6 +19,8 @@ from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = ("modeling_delta_qwen3", "conversion", "finetune", "eval", "delta_qwen3", "demo")
 TINY_VOCAB = 512
+# vLLM's CPU build in its own environment, without this project: `make test` creates it.
+VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:

@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, isolated_env, run_without_project, save_random_delta, save_tiny_qwen3
+from conftest import (
+    REPO_ROOT,
+    VLLM_PYTHON,
+    isolated_env,
+    run_without_project,
+    save_random_delta,
+    save_tiny_qwen3,
+)
 from transformers import Qwen3ForCausalLM
 
 from modeling_delta_qwen3.configuration_delta_qwen3 import ROUTING_MODES
 
-VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 RUNNER = REPO_ROOT / "benchmarks" / "vllm_runner.py"
 
 pytestmark = [
