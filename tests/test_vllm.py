@@ -89,6 +89,16 @@ def checkpoints(tmp_path_factory, tokenizer) -> dict:
     return made
 
 
+@pytest.fixture(scope="module")
+def several_layers_per_block(tmp_path_factory, tokenizer) -> dict:
+    """A random delta_block checkpoint of four layers in two blocks, so that a block's delta spans two layers (the
+    other checkpoints' blocks are one layer each), in the same form as `checkpoints`."""
+    path = tmp_path_factory.mktemp("vllm-blocks") / "delta_block-2-layers-per-block"
+    model = save_random_delta(path, "delta_block", **VLLM_SHAPE | {"num_hidden_layers": 4})
+    tokenizer.save_pretrained(path)
+    return {path.name: (path, model)}
+
+
 def run_vllm(runs: list[dict], tmp_path: Path, enforce_eager: bool, timeout: int = 600) -> dict:
     """Run `benchmarks/vllm_runner.py` on `runs` in the vLLM environment, without this project; its results."""
     job, results = tmp_path / "job.json", tmp_path / "results.json"
@@ -128,7 +138,7 @@ def test_zeroed_routing_changes_the_tokens(checkpoints):
         assert tokens != [greedy_new_tokens(without_routing(model), prompt) for prompt in PROMPTS], mode
 
 
-def test_greedy_tokens_equal_generate_in_eager_mode(checkpoints, tmp_path):
+def test_greedy_tokens_equal_generate_in_eager_mode(checkpoints, several_layers_per_block, tmp_path):
     """Every routing mode and the plain Qwen3 control (served by vLLM's own Qwen3), in float32: the same tokens and
     prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch. In bfloat16
     and float16 (a delta and an AttnRes mode), the prompt log-probabilities are close to float32's."""
@@ -137,8 +147,9 @@ def test_greedy_tokens_equal_generate_in_eager_mode(checkpoints, tmp_path):
          "max_tokens": 1, "prompt_logprobs": 0}
         for mode in ("delta_block", "attnres_full") for dtype in HALF_PRECISION_ATOL
     ]
-    results = run_vllm(token_runs(checkpoints) + half, tmp_path, enforce_eager=True)
-    assert_same_as_generate(checkpoints, results)
+    every = checkpoints | several_layers_per_block
+    results = run_vllm(token_runs(every) + half, tmp_path, enforce_eager=True)
+    assert_same_as_generate(every, results)
     for mode in ("delta_block", "attnres_full"):
         expected = [prompt_logprobs(checkpoints[mode][1], prompt) for prompt in PROMPTS]
         for dtype, atol in HALF_PRECISION_ATOL.items():
@@ -233,3 +244,14 @@ def test_server_answers_eight_concurrent_requests(checkpoints, tokenizer, served
     got += [answer["choices"][0]["message"]["content"] for answer in chat_answers]
     # A text ends before the bytes of a character that its last tokens leave unfinished.
     assert got == [tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd") for tokens in expected]
+
+
+@pytest.mark.xfail(
+    reason="vLLM's compilation of a delta_block model whose blocks span several layers fails in inductor ('Cycle "
+    "detected in memory planning graph', at 4 layers in 2 blocks) or, at 8 layers in 4 blocks, starts and gives "
+    "other tokens than eager mode; plain torch.compile(fullgraph=True) of the same model computes eager's logits",
+    strict=True,
+)
+def test_greedy_tokens_equal_generate_in_default_mode_with_blocks_of_several_layers(several_layers_per_block, tmp_path):
+    results = run_vllm(token_runs(several_layers_per_block), tmp_path, enforce_eager=False)
+    assert_same_as_generate(several_layers_per_block, results)
