@@ -13,10 +13,11 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from test_conversion import tree_digest
 
 from conversion import convert, push_to_hub
-from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL
+from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL, build_model_card
 from delta_qwen3.cli import main
 from delta_qwen3.errors import CommandError
 from finetune.outputs import push_to_hub as finetune_push
+from modeling_delta_qwen3 import DeltaQwen3Config
 
 LICENSED_CARD = "---\nlicense: apache-2.0\nlanguage: en\n---\n# Tiny Qwen3\n"
 
@@ -179,3 +180,14 @@ def test_finetune_publishes_through_the_checked_upload_with_a_card(qwen3_checkpo
     with pytest.raises(CommandError, match=r"lacks the model code for trust_remote_code \(routing.py\)"):
         finetune_push(model, "me/tuned2")
     assert not (fake_hub.root / "me/tuned2").exists()
+
+
+@pytest.mark.parametrize(("mode", "blocks", "command"), [
+    ("delta_block", 2, "vllm serve me/x --trust-remote-code --enforce-eager\n"),
+    ("delta_block", 4, "vllm serve me/x --trust-remote-code\n"),
+    ("attnres_block", 2, "vllm serve me/x --trust-remote-code\n"),
+])
+def test_card_serves_with_vllm_in_eager_mode_only_delta_blocks_of_several_layers(mode, blocks, command):
+    """vLLM's compiled mode gets delta_block blocks of several layers wrong (tests/test_vllm.py)."""
+    config = DeltaQwen3Config(num_hidden_layers=4, routing_mode=mode, routing_num_blocks=blocks)
+    assert command in build_model_card(config, "me/x", "A test.").text
