@@ -82,11 +82,11 @@ def _vllm_serving(config: DeltaQwen3Config, model_id: str) -> str:
     several layers, which vLLM's compilation gets wrong (docs/SERVING.md) and so is served in eager mode."""
     eager = config.routing_mode == "delta_block" and config.layers_per_block > 1
     mode = (
-        "in eager mode: its compiled mode gets `delta_block` blocks of several layers wrong" if eager
+        "in eager mode (vLLM's compiled mode gets `delta_block` blocks of several layers wrong)" if eager
         else "in its default (compiled) mode or with `--enforce-eager`"
     )
-    return f"""vLLM serves it through its Transformers modeling backend, {mode}, with continuous batching and the
-OpenAI-compatible server; pipeline parallelism is not supported:
+    return f"""vLLM serves it through its Transformers modeling backend, with continuous batching and the OpenAI-compatible
+server, {mode}; pipeline parallelism is not supported:
 
 ```bash
 vllm serve {model_id} --trust-remote-code{" --enforce-eager" if eager else ""}
