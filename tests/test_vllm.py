@@ -46,6 +46,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
+
+
 def greedy_new_tokens(model, prompt: list[int]) -> list[int]:
     """`generate`'s greedy continuation of `prompt`, `NEW_TOKENS` long whatever it generates."""
     with torch.no_grad():
