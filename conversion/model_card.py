@@ -77,6 +77,22 @@ def _routing_table(config: DeltaQwen3Config) -> str:
     return "\n".join(["| setting | value |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows)])
 
 
+def _vllm_serving(config: DeltaQwen3Config, model_id: str) -> str:
+    """How to serve the checkpoint with vLLM: in its default (compiled) mode, except `delta_block` with blocks of
+    several layers, which vLLM's compilation gets wrong (docs/SERVING.md) and so is served in eager mode."""
+    eager = config.routing_mode == "delta_block" and config.layers_per_block > 1
+    mode = (
+        "in eager mode (vLLM's compiled mode gets `delta_block` blocks of several layers wrong)" if eager
+        else "in its default (compiled) mode or with `--enforce-eager`"
+    )
+    return f"""vLLM serves it through its Transformers modeling backend, with continuous batching and the OpenAI-compatible
+server, {mode}; pipeline parallelism is not supported:
+
+```bash
+vllm serve {model_id} --trust-remote-code{" --enforce-eager" if eager else ""}
+```"""
+
+
 def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, base_model: str | None = None,
                      license: dict | None = None) -> ModelCard:
     """A card for the checkpoint published (or saved) as `model_id`: Hub metadata, what it is, its routing
@@ -114,6 +130,8 @@ inputs = tokenizer("Depth routing", return_tensors="pt")
 print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))
 routing_weights = model(**inputs, output_routing_weights=True).routing_weights
 ```
+
+{_vllm_serving(config, model_id)}
 
 ## Citation
 

@@ -164,6 +164,17 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
                 init.zeros_(module.gate)
 
 
+def _check_no_missing_layers(layers: nn.ModuleList) -> None:
+    """Refuse decoder layers replaced by placeholders (`nn.Identity`), as pipeline parallelism (vLLM's among others)
+    replaces the layers of other stages: each layer routes over the outputs of all earlier sublayers, but only the
+    hidden state is handed from stage to stage, so a later stage would compute without its sources."""
+    if any(isinstance(layer, nn.Identity) for layer in layers):
+        raise ValueError(
+            "DeltaQwen3 cannot be split into pipeline stages: some decoder layers are placeholders, and each layer "
+            "routes over the outputs of all earlier sublayers, which do not cross stages"
+        )
+
+
 class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
     """The DeltaQwen3 decoder: embeddings, routed decoder layers, (for AttnRes modes) a final routing point, norm."""
 
@@ -258,6 +269,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         masks = self._causal_masks(inputs_embeds, attention_mask, cache, position_ids)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         layers = self.layers[: self.config.num_hidden_layers]
+        _check_no_missing_layers(layers)
         points = [point for layer in layers for point in (layer.attn_route, layer.mlp_route) if point is not None]
         points += [self.final_route] if self.final_route is not None else []
         state = plan_routing(self.config, points, inputs_embeds, cache).start(inputs_embeds, self.config)

@@ -10,13 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from spec_reference import randomize_routing
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = ("modeling_delta_qwen3", "conversion", "finetune", "eval", "delta_qwen3", "demo")
 TINY_VOCAB = 512
+# vLLM's CPU build in its own environment, without this project: `make test` creates it.
+VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:
@@ -56,6 +60,20 @@ def save_tiny_qwen3(path: Path, tokenizer, seed: int = 0, max_shard_size: str = 
     return path
 
 
+def save_random_delta(path: Path, mode: str, **overrides) -> DeltaQwen3ForCausalLM:
+    """Save a tiny DeltaQwen3 in routing `mode` (gated in the delta modes, 2 blocks) whose routing parameters are all
+    random and non-zero (`randomize_routing`), so that routing changes what it computes; returns the model.
+    `overrides` change the Qwen3 shape."""
+    fields = tiny_qwen3_config(initializer_range=0.1, **overrides).to_dict()
+    fields.pop("model_type")
+    gated = mode.startswith("delta")
+    torch.manual_seed(0)
+    model = DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated, routing_num_blocks=2))
+    randomize_routing(model.eval())
+    model.save_pretrained(path)
+    return model
+
+
 @pytest.fixture(scope="session")
 def qwen3_checkpoint(tmp_path_factory, tokenizer) -> Path:
     """A sharded tiny Qwen3 checkpoint on disk. Treat it as read-only: it is shared by the session."""
@@ -82,14 +100,17 @@ sys.meta_path.insert(0, _BlockProject())
 """
 
 
-def run_without_project(code: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter in which none of this project's packages can be imported, the way a user
-    who only has Transformers loads a checkpoint with `trust_remote_code=True`; with stdin closed, as in a batch job,
-    so a question on the terminal fails instead of waiting. Raises with its output on failure."""
+def run_without_project(
+    code: str, cwd: Path, timeout: int = 300, python: str | Path = sys.executable, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (`python`, by default this one; `env` is added to `isolated_env()`) in which
+    none of this project's packages can be imported, the way a user who only has Transformers loads a checkpoint with
+    `trust_remote_code=True`; with stdin closed, as in a batch job, so a question on the terminal fails instead of
+    waiting. Raises with its output on failure."""
     script = _BLOCK_PROJECT + textwrap.dedent(code)
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=cwd, env=isolated_env(), stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, timeout=timeout,
+        [str(python), "-c", script], cwd=cwd, env=isolated_env() | (env or {}), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=timeout,
     )
     if result.returncode != 0:
         raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")

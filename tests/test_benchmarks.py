@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, isolated_env
+from conftest import REPO_ROOT, VLLM_PYTHON, isolated_env
 
 from benchmarks.routing_overhead import VARIANTS
 
@@ -73,3 +73,25 @@ def test_conversion_memory_stays_near_the_largest_shard():
     assert report["shards"] > 4
     # Streaming: the conversion holds about one shard at a time, never the whole model.
     assert report["peak_above_imports_mb"] < report["model_mb"] / 2, report
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm: `make test` creates it")
+def test_serving_quick_run_reports_every_ratio(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/serving.py", "--quick", "--enforce-eager", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["settings"]["compiled"] is False and results["settings"]["rounds"] == 1
+    assert {name: run["architecture"] for name, run in results["runs"].items()} == {
+        "qwen3_native": "Qwen3ForCausalLM", "qwen3_transformers": "TransformersForCausalLM",
+        "delta_block": "TransformersForCausalLM", "delta": "TransformersForCausalLM",
+    }
+    for mode in ("delta_block", "delta"):
+        assert set(results["ratios"][mode]) == {f"{figure}_vs_qwen3_{impl}" for figure in ("throughput", "first_token")
+                                                for impl in ("transformers", "native")}
+        assert all(ratio > 0 for ratio in results["ratios"][mode].values())
+    assert results["prompts_with_qwen3_tokens"] == {"delta_block": 4, "delta": 4}
+    assert "Delta Block: throughput" in completed.stdout and "Delta AttnRes: throughput" in completed.stdout

@@ -13,10 +13,11 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from test_conversion import tree_digest
 
 from conversion import convert, push_to_hub
-from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL
+from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL, build_model_card
 from delta_qwen3.cli import main
 from delta_qwen3.errors import CommandError
 from finetune.outputs import push_to_hub as finetune_push
+from modeling_delta_qwen3 import DeltaQwen3Config
 
 LICENSED_CARD = "---\nlicense: apache-2.0\nlanguage: en\n---\n# Tiny Qwen3\n"
 
@@ -96,6 +97,7 @@ def test_hub_id_converted_and_published(hub_source, fake_hub, tmp_path, capsys):
     assert card.data.license == "apache-2.0"
     assert card.data.library_name == "transformers" and "delta-qwen3" in card.data.tags
     assert 'from_pretrained("me/DeltaQwen3-Tiny", trust_remote_code=True)' in card.text
+    assert "vllm serve me/DeltaQwen3-Tiny --trust-remote-code" in card.text
     assert "| routing_mode | `delta_block` |" in card.text and "computes exactly what the source computes" in card.text
 
     result = last_json_line(run_without_project(
@@ -113,6 +115,7 @@ def test_push_writes_a_card_only_when_missing(qwen3_checkpoint, fake_hub, tmp_pa
     card = ModelCard.load(fake_hub.root / "me/tuned/README.md")
     assert card.data.base_model == "me/DeltaQwen3-Tiny" and card.data.license is None
     assert "| routing_num_blocks | `2` (2 layers per block) |" in card.text
+    assert "vllm serve me/tuned --trust-remote-code" in card.text
     assert f"[DeltaQwen3]({PROJECT_URL})" in card.text
     assert DELTA_ATTNRES_BIBTEX in card.text and ATTNRES_BIBTEX in card.text  # an AttnRes mode cites both papers
     assert not (finetuned / "README.md").exists()  # the card is uploaded, never written into DIR
@@ -177,3 +180,14 @@ def test_finetune_publishes_through_the_checked_upload_with_a_card(qwen3_checkpo
     with pytest.raises(CommandError, match=r"lacks the model code for trust_remote_code \(routing.py\)"):
         finetune_push(model, "me/tuned2")
     assert not (fake_hub.root / "me/tuned2").exists()
+
+
+@pytest.mark.parametrize(("mode", "blocks", "command"), [
+    ("delta_block", 2, "vllm serve me/x --trust-remote-code --enforce-eager\n"),
+    ("delta_block", 4, "vllm serve me/x --trust-remote-code\n"),
+    ("attnres_block", 2, "vllm serve me/x --trust-remote-code\n"),
+])
+def test_card_serves_with_vllm_in_eager_mode_only_delta_blocks_of_several_layers(mode, blocks, command):
+    """vLLM's compiled mode gets delta_block blocks of several layers wrong (tests/test_vllm.py)."""
+    config = DeltaQwen3Config(num_hidden_layers=4, routing_mode=mode, routing_num_blocks=blocks)
+    assert command in build_model_card(config, "me/x", "A test.").text

@@ -6,10 +6,8 @@ import json
 import pytest
 import torch
 import transformers
-from conftest import last_json_line, run_without_project, tiny_qwen3_config
-from spec_reference import randomize_routing
+from conftest import last_json_line, run_without_project, save_random_delta
 
-from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
 
 PROMPT = [[5, 17, 99, 230, 41, 8]]
@@ -32,17 +30,6 @@ print(json.dumps({{
     "transformers": transformers.__version__, "logits": out.logits.tolist(), "n_points": len(out.routing_weights), "tokens": tokens.tolist(),
 }}))
 """
-
-
-def save_random_delta(path, mode: str) -> DeltaQwen3ForCausalLM:
-    fields = tiny_qwen3_config(initializer_range=0.1).to_dict()
-    fields.pop("model_type")
-    gated = mode.startswith("delta")
-    torch.manual_seed(0)
-    model = DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated, routing_num_blocks=2))
-    randomize_routing(model.eval())
-    model.save_pretrained(path)
-    return model
 
 
 @pytest.mark.slow
