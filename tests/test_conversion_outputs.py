@@ -115,7 +115,7 @@ def test_fault_injection_sigterm_and_sigkill_then_a_second_run(tmp_path, tokeniz
     for signal_number in (signal.SIGTERM,) * 4 + (signal.SIGKILL,):
         process = start_conversion(src, out)
         wait_for_staging(process, out)
-        time.sleep(rng.uniform(0, 0.8 * writing))
+        time.sleep(rng.uniform(0, 0.3 * writing))  # early in the writing: on a loaded machine, timing is loose
         process.send_signal(signal_number)
         _, err = process.communicate(timeout=120)
         codes.append(process.returncode)

@@ -434,9 +434,10 @@ def test_torch_compile_matches_eager():
     model.zero_grad()
     compiled_loss = compiled(ids, labels=ids).loss
     compiled_loss.backward()
-    torch.testing.assert_close(compiled_loss.detach(), loss, atol=1e-6, rtol=0)
+    # Under compilation the "compiled" routing implementation runs (another summation order): float32 to 1e-5.
+    torch.testing.assert_close(compiled_loss.detach(), loss, atol=1e-5, rtol=0)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, grads[name], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(param.grad, grads[name], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["delta", "attnres_block"])

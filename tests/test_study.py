@@ -91,7 +91,7 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
                                                "step (--stop-after-step); run the study again without it to continue")  # fmt: skip
     resumed = study(tmp_path / "split", shared_options)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from" in resumed.stderr
+    assert "resuming from" in resumed.stdout + resumed.stderr
     assert comparable(json.loads((tmp_path / "split" / "results.json").read_text())) == comparable(expected)
 
     # Finished runs are read back, not run again.
