@@ -13,7 +13,7 @@ from finetune.presets import PRESETS
 from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
 
 from .grid import expand_grid
-from .report import format_table, summarise, write_pictures
+from .report import format_table, paired_with_baseline, summarise, write_pictures
 from .runs import StudySettings, finished_result, run_one
 
 RESULTS_NAME = "results.json"
@@ -87,10 +87,10 @@ def run_study(args: argparse.Namespace) -> int:
         for index, run in enumerate(runs, start=1):
             print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
             results.append(run_one(run, settings))
-    summary = summarise(results)
-    print(format_table(summary))
+    summary, paired = summarise(results), paired_with_baseline(results)
+    print(format_table(summary, paired))
     write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,
-                                         "runs": results})  # fmt: skip
+                                         "paired_with_baseline": paired, "runs": results})  # fmt: skip
     for path in write_pictures(summary, results, args.out):
         print(f"wrote {path}", file=sys.stderr)
     return 0

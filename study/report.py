@@ -37,14 +37,33 @@ def summarise(results: list[dict]) -> dict[str, dict]:
     return summary
 
 
-def format_table(summary: dict[str, dict]) -> str:
-    """One row per group: perplexity mean ± std over seeds, routing sharpness, tokens/s."""
-    rows = [["mode", "layers", "seeds", "val ppl", "mean max weight (multi-source)", "tokens/s"]]
-    for entry in sorted(summary.values(), key=lambda e: (e["layers"], e["mode"], e["num_blocks"] or 0)):
+def paired_with_baseline(results: list[dict]) -> dict[str, dict]:
+    """group -> its validation perplexity relative to the baseline's of the same depth and seed, `ppl / ppl_baseline
+    - 1` per seed the two share (negative: better), with their mean and how many are below zero. Seeds fix the
+    initialisation and the data order alike, so a pair differs in its routing only and the seed spread, larger than
+    the modes' differences at small budgets, cancels."""
+    baseline = {(r["layers"], r["seed"]): r["val_ppl"] for r in results if r["mode"] == "baseline"}
+    paired: dict[str, list[float]] = {}
+    for result in results:
+        key = (result["layers"], result["seed"])
+        if result["mode"] != "baseline" and key in baseline:
+            paired.setdefault(result["group"], []).append(result["val_ppl"] / baseline[key] - 1)
+    return {group: {"relative_differences": values, "mean": statistics.fmean(values),
+                    "below_baseline": sum(value < 0 for value in values), "pairs": len(values)}
+            for group, values in paired.items()}  # fmt: skip
+
+
+def format_table(summary: dict[str, dict], paired: dict[str, dict]) -> str:
+    """One row per group: perplexity mean ± std over seeds, the mean paired difference from the baseline (and in how
+    many seeds it is below), routing sharpness, tokens/s."""
+    rows = [["mode", "layers", "seeds", "val ppl", "vs baseline, paired", "mean max weight (multi-source)",
+             "tokens/s"]]  # fmt: skip
+    for group, entry in sorted(summary.items(), key=lambda e: (e[1]["layers"], e[1]["mode"], e[1]["num_blocks"] or 0)):
         mode = entry["mode"] + (f" ({entry['num_blocks']} blocks)" if entry["num_blocks"] else "")
-        sharp = entry.get("mean_max_weight_multi_source")
+        sharp, pair = entry.get("mean_max_weight_multi_source"), paired.get(group)
+        versus = "-" if pair is None else f"{100 * pair['mean']:+.1f} % ({pair['below_baseline']}/{pair['pairs']} below)"
         rows.append([mode, str(entry["layers"]), str(len(entry["seeds"])),
-                     f"{entry['val_ppl']['mean']:.2f} ± {entry['val_ppl']['std']:.2f}",
+                     f"{entry['val_ppl']['mean']:.2f} ± {entry['val_ppl']['std']:.2f}", versus,
                      "-" if sharp is None else f"{sharp['mean']:.3f} ± {sharp['std']:.3f}",
                      f"{entry['tokens_per_s']['mean']:.0f}"])  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -12,7 +12,7 @@ from finetune_fixtures import write_corpus
 
 from delta_qwen3.cli import main
 from study.grid import Run, expand_grid
-from study.report import format_table, summarise
+from study.report import format_table, paired_with_baseline, summarise
 
 
 def test_the_grid_gives_block_counts_to_the_block_modes_only():
@@ -31,7 +31,25 @@ def test_the_summary_is_the_mean_and_spread_over_seeds():
     assert entry["val_ppl"] == {"mean": 11.0, "std": pytest.approx(2**0.5), "min": 10.0, "max": 12.0,
                                 "values": [10.0, 12.0]}  # fmt: skip
     assert entry["mean_max_weight_multi_source"]["mean"] == pytest.approx(0.6)
-    assert "11.00 ± 1.41" in format_table(summarise(results)).splitlines()[1]
+    assert "11.00 ± 1.41" in format_table(summarise(results), {}).splitlines()[1]
+
+
+def test_each_mode_is_paired_with_the_baseline_of_its_depth_and_seed():
+    def result(mode, layers, seed, ppl):
+        return {"mode": mode, "num_blocks": None, "layers": layers, "seed": seed, "group": f"{mode}-L{layers}",
+                "val_ppl": ppl, "tokens_per_s": 1.0}  # fmt: skip
+
+    results = [result("baseline", 4, 0, 100.0), result("baseline", 4, 1, 200.0), result("baseline", 8, 0, 50.0),
+               result("delta", 4, 0, 90.0), result("delta", 4, 1, 210.0), result("delta", 8, 0, 40.0),
+               result("delta", 8, 1, 45.0)]  # fmt: skip
+    paired = paired_with_baseline(results)
+    assert set(paired) == {"delta-L4", "delta-L8"}  # seed 1 at 8 layers has no baseline to pair with
+    assert paired["delta-L4"]["relative_differences"] == pytest.approx([-0.1, 0.05])
+    assert paired["delta-L4"]["mean"] == pytest.approx(-0.025) and paired["delta-L4"]["below_baseline"] == 1
+    assert paired["delta-L8"] == {"relative_differences": [pytest.approx(-0.2)], "mean": pytest.approx(-0.2),
+                                  "below_baseline": 1, "pairs": 1}  # fmt: skip
+    rows = format_table(summarise(results), paired).splitlines()
+    assert "-2.5 % (1/2 below)" in next(row for row in rows if row.startswith("delta ") and "| 4 " in row)
 
 
 @pytest.mark.parametrize(
