@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from delta_qwen3.errors import CommandError
+from delta_qwen3.interrupts import run_command
 
 from .journey import DemoSettings, run_journey
 
@@ -38,12 +38,10 @@ def parse_settings(argv: list[str] | None = None) -> DemoSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
+    def journey() -> None:
         run_journey(parse_settings(argv))
-    except CommandError as error:
-        print(f"demo: error: {error}", file=sys.stderr)
-        return error.exit_code
-    return 0
+
+    return run_command("demo", journey)
 
 
 if __name__ == "__main__":

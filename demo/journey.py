@@ -12,6 +12,7 @@ from pathlib import Path
 from conversion import convert, verify
 from delta_qwen3.atomic import write_json
 from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
+from delta_qwen3.errors import RunError
 from delta_qwen3.jsonl import json_text, read_json_lines, write_json_lines
 from eval.models import load_causal_lm
 from eval.perplexity import perplexity
@@ -65,10 +66,12 @@ def split_corpus(out: Path) -> dict[str, Path]:
 
 
 def run(command: list[str]) -> None:
-    """Run one of the project's commands as a user would, its progress bars on this terminal."""
+    """Run one of the project's commands as a user would, its progress bars on this terminal; a failure ends the
+    demo with the command's own message above."""
     print("$ " + " ".join(command), flush=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    subprocess.run(command, check=True, env=env)
+    if (code := subprocess.run(command, env=env).returncode) != 0:
+        raise RunError(f"`{' '.join(command[:4])} ...` exited with status {code} (its message is above)")
 
 
 def finetune_command(settings: DemoSettings, launcher: list[str], model_args: list[str], data: str, out: Path):
@@ -87,6 +90,10 @@ def finetune_command(settings: DemoSettings, launcher: list[str], model_args: li
         "16",
         "--val-blocks",
         "16",
+        # Python's documentation topics are few and of very different lengths: every 5th document, not every 10th,
+        # so that the held-out ones fill the validation blocks.
+        "--val-interval",
+        "5",
         "--eval-every",
         "100",
         "--log-every",
