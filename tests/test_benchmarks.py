@@ -11,10 +11,10 @@ from benchmarks.routing_overhead import VARIANTS
 
 
 @pytest.mark.slow
-def test_routing_overhead_quick_run_reports_every_figure(tmp_path):
+def test_routing_overhead_quick_run_reports_every_eager_figure(tmp_path):
     output = tmp_path / "results.json"
-    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--training-pairs", "1", "--output",
-               str(output)]
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--training-pairs", "1", "--figures",
+               "memory,training,decoding", "--output", str(output)]
     env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
     completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -30,6 +30,22 @@ def test_routing_overhead_quick_run_reports_every_figure(tmp_path):
     for ratios in results["memory"].values():
         assert ratios["qwen3"] == 1.0 and 1.0 <= ratios["delta_block"] <= 1.05
     assert all(label in completed.stdout for label in labels)
+
+
+@pytest.mark.slow
+def test_routing_overhead_compiled_training_reports_ratio_and_compile_time(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--training-pairs", "1", "--figures",
+               "compiled_training", "--variants", "delta_block", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())["compiled_training"]
+    assert results["qwen3"] == 1.0 and results["delta_block"] > 0
+    assert set(results["by_build_order"]["delta_block"]) == {"qwen3_first", "variant_first"}
+    assert set(results["compile_seconds"]) == {"qwen3", "delta_block"}
+    assert all(seconds > 0 for seconds in results["compile_seconds"].values())
+    assert "compiled train tok/s" in completed.stdout and "first compiled training step" in completed.stdout
 
 
 def test_routing_overhead_measures_the_chosen_part_of_the_table(tmp_path):
