@@ -305,7 +305,9 @@ def measure_compiled_training(settings: Settings) -> dict:
             compile_seconds[label] = max(compile_seconds.get(label, 0.0), _seconds(runs[name], settings.device))
         return _paired_ratio(runs, settings.training_pairs, 2, settings.device)
 
-    ratios, seconds = _ratios_against_qwen3(shape, measure_pair, settings)
+    # Inductor's on-disk caches off: a compilation cached by an earlier run would take a fraction of its time.
+    with torch._inductor.config.patch(force_disable_caches=True):
+        ratios, seconds = _ratios_against_qwen3(shape, measure_pair, settings)
     return ratios | {"qwen3_tokens_per_s": ids.numel() / seconds, "compile_seconds": compile_seconds}
 
 

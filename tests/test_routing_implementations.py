@@ -11,7 +11,7 @@ import torch
 from spec_reference import mix as spec_mix
 from test_modeling import VARIANTS, random_model, token_ids
 
-from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_buffer
+from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_buffer, routing_compiled
 from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
 from modeling_delta_qwen3.routing_reference import depth_mix
 
@@ -68,13 +68,17 @@ def test_reference_is_the_spec_formula():
 @pytest.mark.parametrize("mode,gated", VARIANTS)
 def test_implementations_match_reference_forward_and_backward(monkeypatch, mode, gated, dtype):
     """The buffer (the default here), with and without autograd, and with its points' parameters unknown up front
-    (sharded, offloaded: each point computes its own logits); the compiled implementation run eagerly."""
+    (sharded, offloaded: each point computes its own logits); the compiled implementation run eagerly, also with the
+    parameters unknown up front."""
     model = random_model(mode, gated).train().to(dtype)
     ids = token_ids()
     assert model.config.routing_implementation is None
     results = {"buffer": run(model, ids), "buffer without autograd": run(model, ids, grad=False)}
     model.set_routing_implementation("compiled")
     results["compiled"] = run(model, ids)
+    with monkeypatch.context() as patch:
+        patch.setattr(routing_compiled, "upfront_queries", lambda points, like: None)
+        results["compiled, parameters not up front"] = run(model, ids)
     model.set_routing_implementation("buffer")
     with monkeypatch.context() as patch:
         patch.setattr(routing_buffer, "upfront_parameters", lambda points, like, scratch: (None, None))
