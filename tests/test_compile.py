@@ -88,7 +88,7 @@ LIMITS = {"delta_block": 1.05, "delta": 1.15}
 @pytest.mark.parametrize("layers", [4, 12])
 def test_compiled_training_memory_stays_linear_in_depth(layers):
     """Autograd's saved bytes under compile, against compiled Qwen3 of the same shape (counted as in
-    `test_routing_memory.py`): each routing point recomputes its normalised sources in backward."""
+    `test_routing_memory.py`): nothing of a source's size is saved per routing point."""
     from benchmarks.routing_overhead import SMALL, Settings, build, saved_activation_bytes
 
     settings = Settings("cpu", torch.float32, 2, 128, [layers], layers, 0, SMALL, 0, 0, 0, False)
