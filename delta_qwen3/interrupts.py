@@ -36,27 +36,45 @@ def interruption(interrupt: KeyboardInterrupt, outcome: str) -> Interrupted:
     return Interrupted(name, outcome)
 
 
-def _raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+class _SignalsReceived:
+    """The handler of SIGINT and SIGTERM while a command runs: raises `Interrupted` and remembers the signal.
+
+    The exception is raised in whatever Python code runs when the signal arrives, and that may be a callback from an
+    extension (safetensors, in Rust, reading a tensor) that reports it as an error of its own (a `ValueError`):
+    remembering the signal lets `run_command` say what really happened."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def __call__(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        self.names.append(name)
+        raise Interrupted(name)
 
 
 def run_command(program: str, command: Callable[[], int | None]) -> int:
     """Run `command` and return the process's exit status: its own (None: 0); for a `CommandError`, its message as
     `"{program}: error: ..."` and its exit code; for SIGINT or SIGTERM, `"{program}: interrupted by SIGINT; ..."`
-    with the `Interrupted` outcome, and 130. The signal handlers are installed only while `command` runs, and only in the main thread (the only one
-    Python delivers signals to)."""
-    previous = {}
+    with the `Interrupted` outcome, and 130, also when an extension turned the interrupt into an error of its own.
+    The signal handlers are installed only while `command` runs, and only in the main thread (the only one Python
+    delivers signals to)."""
+    previous, received = {}, _SignalsReceived()
     if threading.current_thread() is threading.main_thread():
-        previous = {number: signal.signal(number, _raise_interrupted) for number in HANDLED_SIGNALS}
+        previous = {number: signal.signal(number, received) for number in HANDLED_SIGNALS}
     try:
         return command() or 0
-    except CommandError as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
-        return error.exit_code
     except KeyboardInterrupt as interrupt:
         interrupted = interrupt if isinstance(interrupt, Interrupted) else Interrupted("SIGINT")
         print(f"{program}: interrupted by {interrupted.signal_name}; {interrupted.outcome}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+    except Exception as error:
+        if received.names:  # the interrupt, reported by an extension as another error
+            print(f"{program}: interrupted by {received.names[0]}; {UNFINISHED_NOT_KEPT}", file=sys.stderr)
+            return INTERRUPTED_EXIT_CODE
+        if isinstance(error, CommandError):
+            print(f"{program}: error: {error}", file=sys.stderr)
+            return error.exit_code
+        raise
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
