@@ -103,6 +103,7 @@ def several_layers_per_block(tmp_path_factory, tokenizer) -> dict:
 
 def run_vllm(runs: list[dict], tmp_path: Path, enforce_eager: bool, timeout: int = 600) -> dict:
     """Run `benchmarks/vllm_runner.py` on `runs` in the vLLM environment, without this project; its results."""
+    tmp_path.mkdir(exist_ok=True)
     job, results = tmp_path / "job.json", tmp_path / "results.json"
     job.write_text(json.dumps({"engine": ENGINE | {"enforce_eager": enforce_eager}, "runs": runs}))
     code = f"""
@@ -123,10 +124,10 @@ def token_runs(checkpoints: dict) -> list[dict]:
     ]
 
 
-def assert_same_as_generate(checkpoints: dict, results: dict) -> None:
+def assert_same_as_generate(checkpoints: dict, results: dict, label: str = "") -> None:
     for name, (_, model) in checkpoints.items():
         assert results[name]["architecture"] == ("Qwen3ForCausalLM" if name == "qwen3" else "TransformersForCausalLM")
-        assert results[name]["tokens"] == [greedy_new_tokens(model, prompt) for prompt in PROMPTS], name
+        assert results[name]["tokens"] == [greedy_new_tokens(model, prompt) for prompt in PROMPTS], (label, name)
         expected = [prompt_logprobs(model, prompt) for prompt in PROMPTS]
         for got, want in zip(results[name]["prompt_logprobs"], expected):
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=0)
@@ -159,23 +160,25 @@ def assert_half_precision_close_to_float32(checkpoints: dict, results: dict) -> 
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=HALF_PRECISION_ATOL[dtype], rtol=0)
 
 
-def test_greedy_tokens_equal_generate_in_eager_mode(checkpoints, several_layers_per_block, tmp_path):
+def test_greedy_tokens_equal_generate_in_default_and_eager_modes(checkpoints, several_layers_per_block, tmp_path):
     """Every routing mode and the plain Qwen3 control (served by vLLM's own Qwen3), in float32: the same tokens and
-    prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch. In bfloat16
-    or float16 (a delta mode in one, an AttnRes mode in the other), the prompt log-probabilities are close to
-    float32's."""
+    prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch; in bfloat16 or
+    float16 (a delta mode in one, an AttnRes mode in the other), prompt log-probabilities close to float32's. In
+    vLLM's default mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the
+    "compiled" routing implementation), and in eager mode (the routing through the buffer), where blocks of several
+    layers are served too. The two engines run side by side: compiling is most of the default mode's time, and it
+    leaves the other core to the eager one."""
     every = checkpoints | several_layers_per_block
-    results = run_vllm(token_runs(every) + half_precision_runs(checkpoints), tmp_path, enforce_eager=True)
-    assert_same_as_generate(every, results)
-    assert_half_precision_close_to_float32(checkpoints, results)
-
-
-def test_greedy_tokens_equal_generate_in_default_mode(checkpoints, tmp_path):
-    """The same in vLLM's default mode, which compiles the model with torch.compile(fullgraph=True) (the routing
-    through the "compiled" routing implementation, the eager mode's through the buffer)."""
-    results = run_vllm(token_runs(checkpoints) + half_precision_runs(checkpoints), tmp_path, enforce_eager=False)
-    assert_same_as_generate(checkpoints, results)
-    assert_half_precision_close_to_float32(checkpoints, results)
+    jobs = {"default": (token_runs(checkpoints), False), "eager": (token_runs(every), True)}
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {
+            mode: pool.submit(run_vllm, runs + half_precision_runs(checkpoints), tmp_path / mode, enforce_eager)
+            for mode, (runs, enforce_eager) in jobs.items()
+        }
+        results = {mode: future.result() for mode, future in futures.items()}
+    for mode, served in (("default", checkpoints), ("eager", every)):
+        assert_same_as_generate(served, results[mode], mode)
+        assert_half_precision_close_to_float32(checkpoints, results[mode])
 
 
 def free_loopback_port() -> int:
@@ -207,14 +210,15 @@ def wait_until_healthy(server: subprocess.Popen, url: str, timeout: float) -> No
 
 @pytest.fixture
 def served(checkpoints, tmp_path):
-    """The random delta_block checkpoint served by vLLM's OpenAI-compatible server in its default (compiled) mode on a
-    free loopback port; yields the server's base URL, and stops the server after the test."""
+    """The random delta_block checkpoint served by vLLM's OpenAI-compatible server on a free loopback port, in eager
+    mode (the default mode's compilation is tested above, and would make most of this test's time); yields the
+    server's base URL, and stops the server after the test."""
     port = free_loopback_port()
     command = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoints["delta_block"][0]),
         "--served-model-name", "delta", "--trust-remote-code", "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", str(ENGINE["max_model_len"]), "--max-num-seqs", "8",
-        "--kv-cache-memory-bytes", str(ENGINE["kv_cache_memory_bytes"]), "--seed", "0",
+        "--kv-cache-memory-bytes", str(ENGINE["kv_cache_memory_bytes"]), "--seed", "0", "--enforce-eager",
     ]
     env = isolated_env() | {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     server = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -261,6 +265,19 @@ def test_server_answers_eight_concurrent_requests(checkpoints, tokenizer, served
     assert got == [tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd") for tokens in expected]
 
 
+def installed_vllm_version() -> str | None:
+    """The version of vLLM in `.venv-vllm`, read from its package metadata without starting Python there."""
+    found = sorted(VLLM_PYTHON.parent.parent.glob("lib/python*/site-packages/vllm*-*.dist-info"))
+    return found[0].name.removesuffix(".dist-info").rsplit("-", 1)[1] if found else None
+
+
+# Confirmed with this release by the strict xfail below, which costs an engine start that fails to compile: it runs
+# again when the pinned release (Makefile's VLLM_PACKAGES) changes.
+VLLM_RELEASE_WITH_THE_BLOCK_BUG = "0.32.0"
+
+
+@pytest.mark.skipif(installed_vllm_version() == VLLM_RELEASE_WITH_THE_BLOCK_BUG,
+                    reason=f"known to fail with vLLM {VLLM_RELEASE_WITH_THE_BLOCK_BUG} (docs/SERVING.md)")
 @pytest.mark.xfail(
     reason="vLLM's compilation of a delta_block model whose blocks span several layers fails in inductor ('Cycle "
     "detected in memory planning graph', at 4 layers in 2 blocks) or, at 8 layers, starts and gives other tokens "
