@@ -30,10 +30,10 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
@@ -291,21 +291,6 @@ def measure_training(settings: Settings) -> dict:
     return ratios | {"qwen3_tokens_per_s": ids.numel() / seconds}
 
 
-@contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Environment variables set to `values` inside the block, restored after it."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def measure_compiled_training(settings: Settings) -> dict:
     """`measure_training` with both models of a pair compiled (`fullgraph=True`, so a graph break fails instead
     of timing eager code), each pair compiled afresh; also each model's first step, its compilation, in seconds
@@ -324,7 +309,7 @@ def measure_compiled_training(settings: Settings) -> dict:
 
     # Inductor's on-disk caches in a new directory: a compilation cached by an earlier run would take a fraction of
     # its time, while the second build order may reuse the first's (its compile time is not the one reported).
-    with tempfile.TemporaryDirectory() as cache, _environment(TORCHINDUCTOR_CACHE_DIR=cache):
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache):
         ratios, seconds = _ratios_against_qwen3(shape, measure_pair, settings)
     return ratios | {"qwen3_tokens_per_s": ids.numel() / seconds, "compile_seconds": compile_seconds}
 

@@ -44,11 +44,11 @@ class _SignalsReceived:
     remembering the signal lets `run_command` say what really happened."""
 
     def __init__(self):
-        self.names: list[str] = []
+        self.first: str | None = None  # the name of the first signal received
 
     def __call__(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        self.names.append(name)
+        self.first = self.first or name
         raise Interrupted(name)
 
 
@@ -68,8 +68,8 @@ def run_command(program: str, command: Callable[[], int | None]) -> int:
         print(f"{program}: interrupted by {interrupted.signal_name}; {interrupted.outcome}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     except Exception as error:
-        if received.names:  # the interrupt, reported by an extension as another error
-            print(f"{program}: interrupted by {received.names[0]}; {UNFINISHED_NOT_KEPT}", file=sys.stderr)
+        if received.first:  # the interrupt, reported by an extension as another error
+            print(f"{program}: interrupted by {received.first}; {UNFINISHED_NOT_KEPT}", file=sys.stderr)
             return INTERRUPTED_EXIT_CODE
         if isinstance(error, CommandError):
             print(f"{program}: error: {error}", file=sys.stderr)

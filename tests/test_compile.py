@@ -44,7 +44,7 @@ def test_compiled_inference_and_generation_equal_eager(mode):
                   return_dict_in_generate=True, **cache)
     with torch.no_grad():
         logits = model(ids).logits
-    eager = model.generate(ids, **kwargs, **({"disable_compile": True} if cache else {}))
+    eager = model.generate(ids, disable_compile=True, **kwargs)
     model.forward = torch.compile(model.forward, fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, logits, atol=1e-5, rtol=0)
