@@ -10,8 +10,8 @@ the routing parameters at their init: the speed does not depend on their values.
 
 vLLM runs in its own environment, which `make test` creates as `.venv-vllm`:
 
-    python benchmarks/serving.py --output benchmarks/results/vllm-cpu-float32.json   # vLLM's default mode
-    python benchmarks/serving.py --enforce-eager --rounds 5
+    python benchmarks/serving.py --enforce-eager --output benchmarks/results/vllm-cpu-float32-eager.json
+    python benchmarks/serving.py --modes delta     # vLLM's default (compiled) mode, which delta_block refuses on the CPU
     python benchmarks/serving.py --quick --enforce-eager     # a smoke run
 
 Targets (issue "Serve DeltaQwen3 with vLLM"), against Qwen3 through the Transformers backend: output throughput
@@ -136,9 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.shape, args.prompts, args.shortest, args.longest, args.new_tokens, args.rounds = "tiny", 4, 4, 16, 8, 1
+    modes = args.modes.split(",")
+    if "delta_block" in modes and not args.enforce_eager:
+        parser.error("delta_block refuses vLLM's compiled mode on the CPU (docs/SERVING.md): add --enforce-eager, "
+                     "or leave it out of --modes")
     if not args.vllm_python.exists():
         raise SystemExit(f"{args.vllm_python} does not exist: `make test` creates vLLM's environment")
-    modes = args.modes.split(",")
     shape = SHAPES[args.shape]
     prompts = fixed_prompts(args.prompts, args.shortest, args.longest, shape["vocab_size"])
     with tempfile.TemporaryDirectory() as workdir:

@@ -78,19 +78,19 @@ def _routing_table(config: DeltaQwen3Config) -> str:
 
 
 def _vllm_serving(config: DeltaQwen3Config, model_id: str) -> str:
-    """How to serve the checkpoint with vLLM: in its default (compiled) mode, except `delta_block` with blocks of
-    several layers, which vLLM's compilation gets wrong (docs/SERVING.md) and so is served in eager mode."""
-    eager = config.routing_mode == "delta_block" and config.layers_per_block > 1
-    mode = (
-        "in eager mode (vLLM's compiled mode gets `delta_block` blocks of several layers wrong)" if eager
-        else "in its default (compiled) mode or with `--enforce-eager`"
+    """How to serve the checkpoint with vLLM; on the CPU, a `delta_block` checkpoint refuses vLLM's compiled mode,
+    which PyTorch's Inductor gets wrong there (docs/SERVING.md), and is served in eager mode."""
+    cpu = (
+        "\n\nOn the CPU add `--enforce-eager`: in `delta_block` mode the model refuses vLLM's compiled mode there, "
+        "which PyTorch's Inductor gets wrong."
+        if config.routing_mode == "delta_block" else ""
     )
     return f"""vLLM serves it through its Transformers modeling backend, with continuous batching and the OpenAI-compatible
-server, {mode}; pipeline parallelism is not supported:
+server; pipeline parallelism is not supported:
 
 ```bash
-vllm serve {model_id} --trust-remote-code{" --enforce-eager" if eager else ""}
-```"""
+vllm serve {model_id} --trust-remote-code
+```{cpu}"""
 
 
 def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, base_model: str | None = None,

@@ -175,10 +175,40 @@ def _check_no_missing_layers(layers: nn.ModuleList) -> None:
         )
 
 
+def _check_vllm_compilation(config: DeltaQwen3Config) -> None:
+    """Refuse to be built for vLLM's compiled mode on the CPU in `delta_block` mode, where it computes wrong tokens
+    without an error: PyTorch 2.13's Inductor moves a kernel that reads a linear layer's output before vLLM's CPU
+    matrix product (which writes into a new buffer) has written it, and `delta_block`'s residual stream feeding
+    per-token routing is the pattern that triggers it (`tests/test_inductor_mutation_order.py`, docs/SERVING.md).
+    vLLM's eager mode computes the right tokens. Models are built by vLLM only with its own attention, which is how
+    this check knows vLLM is building it."""
+    if config._attn_implementation != "vllm" or config.routing_mode != "delta_block":
+        return
+    try:  # in a try block, so that Transformers does not require vLLM to load this file as remote code
+        from vllm.config import CompilationMode, get_current_vllm_config_or_none
+    except ImportError:
+        return
+    vllm_config = get_current_vllm_config_or_none()
+    if vllm_config is None:
+        return
+    compilation = vllm_config.compilation_config
+    if (
+        vllm_config.device_config.device_type == "cpu"
+        and compilation.mode != CompilationMode.NONE
+        and compilation.backend == "inductor"
+    ):
+        raise ValueError(
+            "DeltaQwen3 in routing_mode='delta_block' cannot be served by vLLM's compiled mode on the CPU: PyTorch's "
+            "Inductor miscompiles it there (wrong tokens, no error); serve it with --enforce-eager "
+            "(LLM(..., enforce_eager=True))"
+        )
+
+
 class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
     """The DeltaQwen3 decoder: embeddings, routed decoder layers, (for AttnRes modes) a final routing point, norm."""
 
     def __init__(self, config: DeltaQwen3Config):
+        _check_vllm_compilation(config)
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size

@@ -91,6 +91,18 @@ def test_conversion_memory_stays_near_the_largest_shard():
     assert report["peak_above_imports_mb"] < report["model_mb"] / 2, report
 
 
+def test_serving_refuses_delta_block_in_the_compiled_mode():
+    """delta_block refuses vLLM's compiled mode on the CPU (tests/test_vllm.py): the benchmark says so up front."""
+    command = [sys.executable, "benchmarks/serving.py", "--modes", "delta_block,delta"]
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=isolated_env() | {"PYTHONPATH": str(REPO_ROOT)},
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert completed.stderr.splitlines()[-1] == (
+        "serving.py: error: delta_block refuses vLLM's compiled mode on the CPU (docs/SERVING.md): add "
+        "--enforce-eager, or leave it out of --modes"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm: `make test` creates it")
 def test_serving_quick_run_reports_every_ratio(tmp_path):

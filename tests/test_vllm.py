@@ -141,20 +141,24 @@ def test_zeroed_routing_changes_the_tokens(checkpoints):
         assert tokens != [greedy_new_tokens(without_routing(model), prompt) for prompt in PROMPTS], mode
 
 
-# A delta and an AttnRes mode, each in one 16-bit dtype: an engine start per pair, compiling most of its time.
-HALF_PRECISION_RUNS = (("delta_block", "bfloat16"), ("attnres_full", "float16"))
+# Per vLLM mode, a delta and an AttnRes mode, each in one 16-bit dtype: an engine start per pair, compiling most of
+# the default mode's time. The default mode refuses delta_block on the CPU (test_default_mode_refuses_delta_block).
+HALF_PRECISION_RUNS = {
+    "default": (("delta", "bfloat16"), ("attnres_full", "float16")),
+    "eager": (("delta_block", "bfloat16"), ("attnres_full", "float16")),
+}
 
 
-def half_precision_runs(checkpoints: dict) -> list[dict]:
+def half_precision_runs(checkpoints: dict, vllm_mode: str) -> list[dict]:
     return [
         {"name": f"{mode}-{dtype}", "model": str(checkpoints[mode][0]), "dtype": dtype, "prompts": PROMPTS,
          "max_tokens": 1, "prompt_logprobs": 0}
-        for mode, dtype in HALF_PRECISION_RUNS
+        for mode, dtype in HALF_PRECISION_RUNS[vllm_mode]
     ]
 
 
-def assert_half_precision_close_to_float32(checkpoints: dict, results: dict) -> None:
-    for mode, dtype in HALF_PRECISION_RUNS:
+def assert_half_precision_close_to_float32(checkpoints: dict, results: dict, vllm_mode: str) -> None:
+    for mode, dtype in HALF_PRECISION_RUNS[vllm_mode]:
         expected = [prompt_logprobs(checkpoints[mode][1], prompt) for prompt in PROMPTS]
         for got, want in zip(results[f"{mode}-{dtype}"]["prompt_logprobs"], expected, strict=True):
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=HALF_PRECISION_ATOL[dtype], rtol=0)
@@ -164,21 +168,36 @@ def test_greedy_tokens_equal_generate_in_default_and_eager_modes(checkpoints, se
     """Every routing mode and the plain Qwen3 control (served by vLLM's own Qwen3), in float32: the same tokens and
     prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch; in bfloat16 or
     float16 (a delta mode in one, an AttnRes mode in the other), prompt log-probabilities close to float32's. In
-    vLLM's default mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the
-    "compiled" routing implementation), and in eager mode (the routing through the buffer), where blocks of several
-    layers are served too. The two engines run side by side: compiling is most of the default mode's time, and it
-    leaves the other core to the eager one."""
-    every = checkpoints | several_layers_per_block
-    jobs = {"default": (token_runs(checkpoints), False), "eager": (token_runs(every), True)}
-    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+    eager mode (the routing through the buffer), where blocks of several layers are served too, and in vLLM's
+    default mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the "compiled"
+    routing implementation), every mode but delta_block, which refuses it on the CPU. The two engines run side by
+    side: compiling is most of the default mode's time, and it leaves the other core to the eager one."""
+    compiled = {name: made for name, made in checkpoints.items() if name != "delta_block"}
+    served = {"default": compiled, "eager": checkpoints | several_layers_per_block}
+    with concurrent.futures.ThreadPoolExecutor(len(served)) as pool:
         futures = {
-            mode: pool.submit(run_vllm, runs + half_precision_runs(checkpoints), tmp_path / mode, enforce_eager)
-            for mode, (runs, enforce_eager) in jobs.items()
+            mode: pool.submit(run_vllm, token_runs(made) + half_precision_runs(checkpoints, mode), tmp_path / mode,
+                              enforce_eager=mode == "eager")
+            for mode, made in served.items()
         }
         results = {mode: future.result() for mode, future in futures.items()}
-    for mode, served in (("default", checkpoints), ("eager", every)):
-        assert_same_as_generate(served, results[mode], mode)
-        assert_half_precision_close_to_float32(checkpoints, results[mode])
+    for mode, made in served.items():
+        assert_same_as_generate(made, results[mode], mode)
+        assert_half_precision_close_to_float32(checkpoints, results[mode], mode)
+
+
+def test_default_mode_refuses_delta_block(checkpoints, tmp_path):
+    """vLLM's compiled mode on the CPU computes wrong delta_block tokens without an error
+    (tests/test_inductor_mutation_order.py), so the model refuses to be built for it, with one line that says what
+    to do instead, before anything is compiled."""
+    with pytest.raises(AssertionError) as failure:
+        run_vllm(token_runs({"delta_block": checkpoints["delta_block"]}), tmp_path, enforce_eager=False)
+    assert (
+        "ValueError: DeltaQwen3 in routing_mode='delta_block' cannot be served by vLLM's compiled mode on the CPU: "
+        "PyTorch's Inductor miscompiles it there (wrong tokens, no error); serve it with --enforce-eager "
+        "(LLM(..., enforce_eager=True))\n"
+    ) in str(failure.value)
+    assert not (tmp_path / "vllm-cache" / "torch_compile_cache").exists()
 
 
 def free_loopback_port() -> int:
@@ -263,28 +282,3 @@ def test_server_answers_eight_concurrent_requests(checkpoints, tokenizer, served
     got += [answer["choices"][0]["message"]["content"] for answer in chat_answers]
     # A text ends before the bytes of a character that its last tokens leave unfinished.
     assert got == [tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd") for tokens in expected]
-
-
-def installed_vllm_version() -> str | None:
-    """The version of vLLM in `.venv-vllm`, read from its package metadata without starting Python there."""
-    found = sorted(VLLM_PYTHON.parent.parent.glob("lib/python*/site-packages/vllm*-*.dist-info"))
-    return found[0].name.removesuffix(".dist-info").rsplit("-", 1)[1] if found else None
-
-
-# Confirmed with this release by the strict xfail below, which costs an engine start that fails to compile: it runs
-# again when the pinned release (Makefile's VLLM_PACKAGES) changes.
-VLLM_RELEASE_WITH_THE_BLOCK_BUG = "0.32.0"
-
-
-@pytest.mark.skipif(installed_vllm_version() == VLLM_RELEASE_WITH_THE_BLOCK_BUG,
-                    reason=f"known to fail with vLLM {VLLM_RELEASE_WITH_THE_BLOCK_BUG} (docs/SERVING.md)")
-@pytest.mark.xfail(
-    reason="vLLM's compilation of a delta_block model whose blocks span several layers fails in inductor ('Cycle "
-    "detected in memory planning graph', at 4 layers in 2 blocks) or, at 8 layers, starts and gives other tokens "
-    "than eager mode; plain torch.compile(fullgraph=True) of the same model computes eager's logits, and 4 layers in "
-    "4 blocks compile correctly (docs/SERVING.md)",
-    strict=True,
-)
-def test_greedy_tokens_equal_generate_in_default_mode_with_blocks_of_several_layers(several_layers_per_block, tmp_path):
-    results = run_vllm(token_runs(several_layers_per_block), tmp_path, enforce_eager=False)
-    assert_same_as_generate(several_layers_per_block, results)
