@@ -10,7 +10,7 @@ the routing parameters at their init: the speed does not depend on their values.
 
 vLLM runs in its own environment, which `make test` creates as `.venv-vllm`:
 
-    python benchmarks/serving.py --enforce-eager --output benchmarks/results/vllm-cpu-float32-eager.json
+    python benchmarks/serving.py --enforce-eager --rounds 5 --output benchmarks/results/vllm-cpu-float32-eager.json
     python benchmarks/serving.py --modes delta     # vLLM's default (compiled) mode, which delta_block refuses on the CPU
     python benchmarks/serving.py --quick --enforce-eager     # a smoke run
 
