@@ -93,6 +93,45 @@ vllm serve {model_id} --trust-remote-code
 ```{cpu}"""
 
 
+# What the Hub calls the task of each head, and how a head checkpoint is loaded (the causal LM's usage is below).
+PIPELINE_TAGS = {
+    "DeltaQwen3ForCausalLM": "text-generation",
+    "DeltaQwen3ForSequenceClassification": "text-classification",
+    "DeltaQwen3ForTokenClassification": "token-classification",
+    "DeltaQwen3ForQuestionAnswering": "question-answering",
+}
+
+
+def _architecture(config: DeltaQwen3Config) -> str:
+    """The class the checkpoint was saved from: a causal LM unless its config names another."""
+    return (config.architectures or ["DeltaQwen3ForCausalLM"])[0]
+
+
+def _usage(config: DeltaQwen3Config, model_id: str) -> str:
+    """Loading and running the checkpoint; a causal LM also generates, reports its routing and is served by vLLM."""
+    architecture = _architecture(config)
+    if architecture != "DeltaQwen3ForCausalLM":
+        auto_class = architecture.replace("DeltaQwen3", "AutoModel")
+        return f"""```python
+from transformers import {auto_class}, AutoTokenizer
+
+model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)
+outputs = model(**tokenizer("Depth routing", return_tensors="pt"))
+```"""
+    return f"""```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{model_id}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)
+inputs = tokenizer("Depth routing", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))
+routing_weights = model(**inputs, output_routing_weights=True).routing_weights
+```
+
+{_vllm_serving(config, model_id)}"""
+
+
 def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, base_model: str | None = None,
                      license: dict | None = None) -> ModelCard:
     """A card for the checkpoint published (or saved) as `model_id`: Hub metadata, what it is, its routing
@@ -100,7 +139,7 @@ def build_model_card(config: DeltaQwen3Config, model_id: str, description: str, 
     data = ModelCardData(
         base_model=base_model,
         library_name="transformers",
-        pipeline_tag="text-generation",
+        pipeline_tag=PIPELINE_TAGS[_architecture(config)],
         tags=list(TAGS),
         **(license or {}),
     )
@@ -121,17 +160,7 @@ of what earlier sublayers (or blocks of layers) added to the residual stream. Ma
 
 The model code ships with the checkpoint, so only Transformers is needed:
 
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("{model_id}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)
-inputs = tokenizer("Depth routing", return_tensors="pt")
-print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))
-routing_weights = model(**inputs, output_routing_weights=True).routing_weights
-```
-
-{_vllm_serving(config, model_id)}
+{_usage(config, model_id)}
 
 ## Citation
 

@@ -10,6 +10,14 @@ from modeling_delta_qwen3.configuration_delta_qwen3 import DELTA_MODES
 # Keys of a Qwen3 config.json that describe the file rather than the model; the target writes its own.
 _FILE_KEYS = ("model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype")
 OUTPUT_DTYPES = ("float32", "float16", "bfloat16")
+# The DeltaQwen3 class of each Qwen3 class a checkpoint may be saved from: a converted checkpoint keeps its head.
+# Not Qwen3ForQuestionAnswering, which keeps its decoder under `transformer.` (the prefix of older models) where
+# DeltaQwen3ForQuestionAnswering, like every other Qwen3 class, has `model.`.
+DELTA_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "DeltaQwen3ForCausalLM",
+    "Qwen3ForSequenceClassification": "DeltaQwen3ForSequenceClassification",
+    "Qwen3ForTokenClassification": "DeltaQwen3ForTokenClassification",
+}
 
 
 def output_dtype(dtype: str | torch.dtype | None, source_dtype: str) -> torch.dtype:
@@ -27,6 +35,17 @@ def default_num_blocks(num_hidden_layers: int) -> int:
     return min(DeltaQwen3Config.routing_num_blocks, num_hidden_layers)
 
 
+def delta_architecture(qwen3_config: dict) -> str:
+    """The DeltaQwen3 class for a Qwen3 `config.json`'s `architectures` (a causal LM when it names none)."""
+    architectures = qwen3_config.get("architectures") or ["Qwen3ForCausalLM"]
+    if len(architectures) != 1 or architectures[0] not in DELTA_ARCHITECTURES:
+        raise CommandError(
+            f"cannot convert architectures {architectures}: a Qwen3 checkpoint of one of "
+            f"{', '.join(DELTA_ARCHITECTURES)} is needed"
+        )
+    return DELTA_ARCHITECTURES[architectures[0]]
+
+
 def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bool | None,
                  dtype: torch.dtype) -> DeltaQwen3Config:
     """The DeltaQwen3 config for a Qwen3 `config.json`. `num_blocks=None` takes `default_num_blocks`. `gate=None`
@@ -41,7 +60,7 @@ def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bo
         config = DeltaQwen3Config(**fields, routing_mode=mode, routing_num_blocks=num_blocks, routing_gate=gate)
     except (ValueError, TypeError, StrictDataclassError) as error:
         raise CommandError(f"cannot convert to DeltaQwen3: {error}")
-    config.architectures = ["DeltaQwen3ForCausalLM"]
+    config.architectures = [delta_architecture(qwen3_config)]
     config.dtype = dtype
     return config
 

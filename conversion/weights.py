@@ -12,7 +12,8 @@ from tqdm.auto import tqdm
 
 from delta_qwen3.errors import CommandError
 from delta_qwen3.jsonl import json_text
-from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+import modeling_delta_qwen3
+from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3PreTrainedModel
 from modeling_delta_qwen3.routing import RoutingPoint
 
 from .source import WEIGHTS_INDEX_NAME, SourceCheckpoint
@@ -20,13 +21,14 @@ from .source import WEIGHTS_INDEX_NAME, SourceCheckpoint
 _TIED_HEAD = "lm_head.weight"
 
 
-def meta_model(config: DeltaQwen3Config) -> DeltaQwen3ForCausalLM:
-    """The converted model on the meta device: its parameter names, order and shapes, without any memory."""
+def meta_model(config: DeltaQwen3Config) -> DeltaQwen3PreTrainedModel:
+    """The converted model (of the class `config.architectures` names) on the meta device: its parameter names,
+    order and shapes, without any memory."""
     with torch.device("meta"):
-        return DeltaQwen3ForCausalLM(config)
+        return getattr(modeling_delta_qwen3, config.architectures[0])(config)
 
 
-def routing_tensors(model: DeltaQwen3ForCausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def routing_tensors(model: DeltaQwen3PreTrainedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every routing parameter of `model` at its initial value (SPEC section 4), taken from fresh routing points."""
     config = model.config
     fresh = {

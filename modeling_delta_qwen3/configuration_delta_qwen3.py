@@ -8,12 +8,15 @@ DELTA_MODES = ("delta", "delta_block")
 BLOCK_MODES = ("delta_block", "attnres_block")
 ROUTING_IMPLEMENTATIONS = ("reference", "buffer", "fla", "compiled")
 
-# Written into every saved config.json so that all three Auto classes resolve to the
-# code saved next to it, whichever class the model was saved from.
+# Written into every saved config.json so that every Auto class resolves to the code saved next to it, whichever
+# class the model was saved from.
 AUTO_MAP = {
     "AutoConfig": "configuration_delta_qwen3.DeltaQwen3Config",
     "AutoModel": "modeling_delta_qwen3.DeltaQwen3Model",
     "AutoModelForCausalLM": "modeling_delta_qwen3.DeltaQwen3ForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_delta_qwen3.DeltaQwen3ForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_delta_qwen3.DeltaQwen3ForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_delta_qwen3.DeltaQwen3ForQuestionAnswering",
 }
 
 

@@ -6,17 +6,22 @@ zero gates a gated delta model computes exactly what the Qwen3 model with the sa
 """
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, fields
-from functools import partial
 from typing import NamedTuple
 
 import torch
 from torch import nn
+from transformers import AutoModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.modeling_layers import (
+    GenericForQuestionAnswering,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
@@ -25,6 +30,9 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
 )
+from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import can_return_tuple
 
 from .configuration_delta_qwen3 import DeltaQwen3Config
 
@@ -42,6 +50,16 @@ from .routing import DepthState, RoutingPoint, plan_routing
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
 # with checkpoints and runs inside whichever Transformers a user has, so it speaks the installed version's name.
 CACHE_NAME = "cache" if "cache" in inspect.signature(Qwen3Attention.forward).parameters else "past_key_values"
+
+logger = logging.get_logger(__name__)
+
+
+def cache_argument_renamed(forward):
+    """Where the cache argument is `cache`, `past_key_values=` still works and warns, as it does for Qwen3 (and from
+    the same version on it will be refused)."""
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+    return forward
 
 
 @dataclass
@@ -81,12 +99,15 @@ class DecoderLayerOutput(NamedTuple):
     attn_weights: torch.Tensor | None
 
 
-class DeltaQwen3DecoderLayer(nn.Module):
+class DeltaQwen3DecoderLayer(GradientCheckpointingLayer):
     """A Qwen3 decoder layer whose attention and MLP sublayers read routed inputs from the depth state.
 
     Layer 0's attention is the model's first sublayer and has no routing point (`attn_route` is None).
-    Under gradient checkpointing each sublayer is recomputed on its own: the routing, whose sources span layers,
-    stays outside the checkpoints and saves only references to tensors that exist anyway.
+
+    Under gradient checkpointing the whole layer, routing included, is recomputed in backward, so it must not change
+    the state it is given: the model then passes the state's tensors (`DepthState.carried`) positionally after it,
+    and the layer works on a copy made of them and returns its own copy's tensors after its output. Positional
+    tensors are also what reentrant checkpointing carries gradients through.
     """
 
     def __init__(self, config: DeltaQwen3Config, layer_idx: int):
@@ -100,46 +121,36 @@ class DeltaQwen3DecoderLayer(nn.Module):
         gated = config.routing_gate
         self.attn_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated) if layer_idx > 0 else None
         self.mlp_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated)
-        self.gradient_checkpointing = False
-
-    def _attention(
-        self, x: torch.Tensor, position_embeddings, attention_mask, cache, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = self.input_layernorm(x)
-        return self.self_attn(hidden, position_embeddings, attention_mask, **{CACHE_NAME: cache}, **kwargs)
-
-    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.post_attention_layernorm(x))
 
     @property
-    def _checkpointing(self) -> bool:
+    def checkpointing(self) -> bool:
+        """Whether this call will be recomputed in backward (`GradientCheckpointingLayer`'s own condition)."""
         return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-
-    def _run(self, sublayer: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if self._checkpointing:
-            # Keyword arguments are bound first: reentrant checkpointing accepts positional ones only.
-            return self._gradient_checkpointing_func(partial(sublayer, **kwargs), x, *args)
-        return sublayer(x, *args, **kwargs)
 
     def forward(
         self,
         state: DepthState,
+        *carried: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         **kwargs,
-    ) -> DecoderLayerOutput:
-        if self._checkpointing:
+    ) -> DecoderLayerOutput | tuple:
+        if carried:
+            state = state.with_carried(carried)
+        if self.checkpointing:
             cache = None  # recomputing attention in backward would write the cache a second time
         state.enter_layer(self.layer_idx)
         attn_input = state.routed_input(self.attn_route)
         hidden_state = state.layer_hidden_state(attn_input)
-        attn_output, attn_weights = self._run(self._attention, attn_input, position_embeddings, attention_mask,
-                                              cache, **kwargs)
+        attn_output, attn_weights = self.self_attn(
+            self.input_layernorm(attn_input), position_embeddings, attention_mask, **{CACHE_NAME: cache}, **kwargs
+        )
         state.add_output(attn_output)
-        mlp_output = self._run(self._feed_forward, state.routed_input(self.mlp_route))
+        mlp_output = self.mlp(self.post_attention_layernorm(state.routed_input(self.mlp_route)))
         state.add_output(mlp_output)
-        return DecoderLayerOutput(state, attn_output, mlp_output, hidden_state, attn_weights)
+        output = DecoderLayerOutput(state, attn_output, mlp_output, hidden_state, attn_weights)
+        return (*output, *state.carried()) if carried else output
 
 
 class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
@@ -149,6 +160,21 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     # Hidden states and attention weights are collected by `DeltaQwen3Model.forward` itself: a decoder layer takes
     # and returns the depth state, not the hidden states that Transformers' output hooks expect.
     _can_record_outputs = {}
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        """Transformers' sharding while loading (`from_pretrained(..., distributed_config=...)`), refused with advice
+        for gated checkpoints under FSDP: FSDP2 rejects 0-d parameters, the gates are 0-d in the checkpoint format,
+        and Transformers' loading gives a model no way to reshape them before sharding."""
+        if mesh_manager is not None and model.config.routing_gate and distributed_config.dp_size > 1:
+            raise ValueError(
+                "a gated DeltaQwen3 checkpoint (routing_gate=True) cannot be sharded with FSDP while loading: FSDP2 "
+                "shards no 0-d parameters, and the routing gates are scalars in the checkpoint format. Load it "
+                "without distributed_config, give each routing gate the shape [1] (point.gate = "
+                "nn.Parameter(point.gate.detach().reshape(1))) before fully_shard, and reshape the gates to [] "
+                "before saving; `accelerate launch -m finetune` does this itself"
+            )
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
     def set_routing_implementation(self, routing_implementation: str | None) -> None:
         """Route with `routing_implementation` (see `DeltaQwen3Config`; None: the default for the situation)."""
@@ -247,6 +273,8 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
             masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
         return masks
 
+    @cache_argument_renamed
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -257,7 +285,6 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         use_cache: bool | None = None,
         output_routing_weights: bool = False,
         cache: Cache | None = None,
-        return_dict: bool | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         **kwargs,
@@ -270,7 +297,8 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
             modes the residual stream entering the layer, in the AttnRes modes, which have no residual stream, the
             layer's routed attention input; the embeddings for layer 0), then the final norm's output.
         output_attentions (`bool`, *optional*):
-            Return each layer's attention weights; only eager attention computes them.
+            Return each layer's attention weights, as the attention backend gives them: only eager attention
+            computes them (the others warn and give None, as for Qwen3).
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -278,14 +306,15 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
             output_hidden_states = self.config.output_hidden_states
         if output_attentions is None:
             output_attentions = self.config.output_attentions
-        if output_attentions and self.config._attn_implementation != "eager":
-            raise ValueError(
-                "output_attentions=True needs eager attention, which alone computes the attention weights: load the "
-                f"model with attn_implementation='eager' (it uses {self.config._attn_implementation!r})"
-            )
+        if output_attentions:
+            kwargs["output_attentions"] = True  # the attention backends that cannot return them warn
         cache = cache if cache is not None else past_key_values
+        layers = self.layers[: self.config.num_hidden_layers]
+        _check_no_missing_layers(layers)
+        checkpointing = any(layer.checkpointing for layer in layers)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.gradient_checkpointing and self.training:
+        if checkpointing and use_cache:
+            logger.warning_once("`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`.")
             use_cache = False
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -298,22 +327,26 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
 
         masks = self._causal_masks(inputs_embeds, attention_mask, cache, position_ids)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
-        layers = self.layers[: self.config.num_hidden_layers]
-        _check_no_missing_layers(layers)
         points = [point for layer in layers for point in (layer.attn_route, layer.mlp_route) if point is not None]
         points += [self.final_route] if self.final_route is not None else []
-        state = plan_routing(self.config, points, inputs_embeds, cache).start(inputs_embeds, self.config)
+        plan = plan_routing(self.config, points, inputs_embeds, checkpointing)
+        state = plan.start(inputs_embeds, self.config)
         all_hidden_states, all_attentions = [], []
         for layer in layers:
-            layer_output = layer(
+            carried = state.carried() if layer.checkpointing else ()
+            result = layer(
                 state,
-                position_embeddings,
+                *carried,
+                position_embeddings=position_embeddings,
                 attention_mask=masks[layer.attention_type],
                 cache=cache,
                 position_ids=position_ids,
                 **kwargs,
             )
+            layer_output = DecoderLayerOutput._make(result[: len(DecoderLayerOutput._fields)])
             state = layer_output.state
+            if carried:
+                state = state.with_carried(result[len(DecoderLayerOutput._fields) :])
             all_hidden_states.append(layer_output.hidden_state)
             all_attentions.append(layer_output.attn_weights)
         hidden_states = self.norm(state.final_hidden(self.final_route))
@@ -364,6 +397,8 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @cache_argument_renamed
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -376,7 +411,6 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         output_routing_weights: bool = False,
         cache: Cache | None = None,
-        return_dict: bool | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         **kwargs,
@@ -397,6 +431,7 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
             output_routing_weights=output_routing_weights,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            return_dict=True,  # whatever `config.return_dict` says: this head reads the fields, then decides
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
@@ -405,7 +440,7 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        output = DeltaQwen3CausalLMOutput(
+        return DeltaQwen3CausalLMOutput(
             loss=loss,
             logits=logits,
             routing_weights=outputs.routing_weights,
@@ -413,7 +448,36 @@ class DeltaQwen3ForCausalLM(DeltaQwen3PreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
         )
-        return output if return_dict is not False else output.to_tuple()
 
 
-__all__ = ["DeltaQwen3ForCausalLM", "DeltaQwen3Model", "DeltaQwen3PreTrainedModel"]
+class _TaskHead:
+    """Transformers' generic task heads build their decoder with `AutoModel.from_config`, whose registry does not
+    know a configuration loaded as remote code: the pair is registered first, as `AutoModel` itself does for remote
+    code, keyed by the configuration's own class (loaded as remote code, it may be another class object than this
+    file's import), so that another version of this file loaded beside this one keeps its own."""
+
+    def __init__(self, config: DeltaQwen3Config):
+        AutoModel.register(type(config), DeltaQwen3Model, exist_ok=True)
+        super().__init__(config)
+
+
+class DeltaQwen3ForSequenceClassification(_TaskHead, GenericForSequenceClassification, DeltaQwen3PreTrainedModel):
+    pass
+
+
+class DeltaQwen3ForTokenClassification(_TaskHead, GenericForTokenClassification, DeltaQwen3PreTrainedModel):
+    pass
+
+
+class DeltaQwen3ForQuestionAnswering(_TaskHead, GenericForQuestionAnswering, DeltaQwen3PreTrainedModel):
+    pass
+
+
+__all__ = [
+    "DeltaQwen3ForCausalLM",
+    "DeltaQwen3ForQuestionAnswering",
+    "DeltaQwen3ForSequenceClassification",
+    "DeltaQwen3ForTokenClassification",
+    "DeltaQwen3Model",
+    "DeltaQwen3PreTrainedModel",
+]

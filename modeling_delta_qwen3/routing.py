@@ -17,6 +17,7 @@ in a `RoutingPlan` (`plan_routing`).
 """
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .configuration_delta_qwen3 import ROUTING_IMPLEMENTATIONS, DeltaQwen3Config, check_routing_implementation
-from .routing_buffer import DecodingScratch, SourceBuffer, decoding_scratch
+from .routing_buffer import SourceBuffer
 from .routing_buffer import new_sources as buffer_sources
 from .routing_compiled import new_sources as compiled_sources
 from .routing_fla import fla_unavailable
@@ -32,7 +33,7 @@ from .routing_fla import new_sources as fla_sources
 from .routing_reference import SourceList
 from .routing_reference import new_sources as reference_sources
 
-# Each implementation's `new_sources(h0, eps, capacity, points, scratch)`: the object a forward pass appends its
+# Each implementation's `new_sources(h0, eps, capacity, points)`: the object a forward pass appends its
 # sources to and routes its points through (`append(x)`, `route(point, residual, extra)`, `to(...)`).
 IMPLEMENTATIONS = {
     "reference": reference_sources,
@@ -76,10 +77,13 @@ class DepthState:
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
     """
 
+    # The tensors of the state's own, besides its sources (`carried`); subclasses add theirs.
+    TENSORS: tuple[str, ...] = ("h0",)
+
     def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config, plan: "RoutingPlan"):
         self.layers_per_block = config.layers_per_block
         new_sources = IMPLEMENTATIONS[plan.implementation]
-        self.sources = new_sources(h0, config.rms_norm_eps, self.capacity(config), plan.points, plan.scratch)
+        self.sources = new_sources(h0, config.rms_norm_eps, self.capacity(config), plan.points)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
         self.sources.append(h0)
@@ -122,6 +126,25 @@ class DepthState:
         """The hidden state that goes into the final norm."""
         raise NotImplementedError
 
+    def carried(self) -> list[torch.Tensor]:
+        """Every tensor the state holds that gradients flow through, in an order `with_carried` takes them back in."""
+        own = (getattr(self, name) for name in self.TENSORS)
+        return [*self.sources.carried(), *(tensor for tensor in own if tensor is not None)]
+
+    def with_carried(self, tensors: Iterable[torch.Tensor]) -> "DepthState":
+        """A copy of the state holding `tensors` in place of `carried()`: what a layer recomputed by gradient
+        checkpointing works on, so that the state it was given stays as it was."""
+        tensors = iter(tensors)
+        copied = copy.copy(self)
+        copied.sources = self.sources.with_carried(tensors)
+        for name in self.TENSORS:
+            if getattr(self, name) is not None:
+                setattr(copied, name, next(tensors))
+        copied.routing_weights = list(self.routing_weights)
+        if next(tensors, None) is not None:
+            raise ValueError("more tensors than the depth state carries")
+        return copied
+
     def to(self, *args, **kwargs) -> "DepthState":
         """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
         moved = copy.copy(self)
@@ -133,6 +156,8 @@ class DepthState:
 
 class _AdditiveState(DepthState):
     """Delta modes: the ordinary residual stream is kept and the routed mixture is added to it."""
+
+    TENSORS = (*DepthState.TENSORS, "hidden")
 
     def __init__(self, h0, config, plan):
         super().__init__(h0, config, plan)
@@ -174,6 +199,8 @@ class DeltaBlockState(_AdditiveState):
     """`delta_block`: the change of the residual stream over each finished block is a source, visible from the
     next block's first attention sublayer on."""
 
+    TENSORS = (*_AdditiveState.TENSORS, "block_start")
+
     def __init__(self, h0, config, plan):
         super().__init__(h0, config, plan)
         self.block_start = h0
@@ -209,6 +236,8 @@ class AttnResFullState(DepthState):
 class AttnResBlockState(DepthState):
     """`attnres_block`: sources are the embedding and finished block sums `B_j`, plus the running partial sum `P`
     of the current block."""
+
+    TENSORS = (*DepthState.TENSORS, "partial")
 
     def __init__(self, h0, config, plan):
         super().__init__(h0, config, plan)
@@ -251,35 +280,45 @@ DEPTH_STATES: dict[str, type[DepthState]] = {
 @dataclass(frozen=True)
 class RoutingPlan:
     """What one forward pass decides once about its routing: the implementation that routes (a name of
-    `IMPLEMENTATIONS`), the mode's depth state, the routing points in the order they run, and, for the buffer
-    implementation in a generation, what the previous decoding step left for this one to reuse."""
+    `IMPLEMENTATIONS`), the mode's depth state, and the routing points in the order they run. A forward pass
+    depends on nothing but its arguments: no routing state is kept from one decoding step to the next."""
 
     implementation: str
     state_class: type[DepthState]
     points: list[RoutingPoint]
-    scratch: DecodingScratch | None = None
 
     def start(self, h0: torch.Tensor, config: DeltaQwen3Config) -> DepthState:
         """The depth state of a forward pass whose embeddings are `h0`."""
         return self.state_class(h0, config, self)
 
 
-def resolve_implementation(requested: str | None, h0: torch.Tensor) -> str:
-    """The implementation that routes hidden states like `h0`: `requested` when it can, else a `ValueError` that
-    says why; by default, under `torch.compile` the compiled one, else fla's kernel where it runs, else the
-    buffer. Checked here too: `from_pretrained` sets the field after the configuration's own checks."""
+def resolve_implementation(requested: str | None, h0: torch.Tensor, checkpointing: bool = False) -> str:
+    """The implementation that routes hidden states like `h0`, in layers that gradient checkpointing recomputes or
+    not: `requested` when it can, else a `ValueError` that says why; by default, under `torch.compile` the compiled
+    one, else fla's kernel where it runs, else the buffer, or under gradient checkpointing the compiled one. Checked
+    here too: `from_pretrained` sets the field after the configuration's own checks."""
     check_routing_implementation(requested)
     if requested is None:
         if torch.compiler.is_compiling():
             return "compiled"
-        return "buffer" if fla_unavailable(h0) else "fla"
+        if fla_unavailable(h0) is None:
+            return "fla"
+        return "compiled" if checkpointing else "buffer"
     if requested == "fla" and (reason := fla_unavailable(h0)) is not None:
         raise ValueError(f"routing_implementation='fla' cannot route this forward pass: {reason}")
+    if requested == "buffer" and checkpointing:
+        raise ValueError(
+            "routing_implementation='buffer' cannot route layers that gradient checkpointing recomputes: it writes "
+            "its sources in place, and a layer's recomputation would write them again; use 'compiled', the default "
+            "under gradient checkpointing"
+        )
     return requested
 
 
-def plan_routing(config: DeltaQwen3Config, points: list[RoutingPoint], h0: torch.Tensor, cache) -> RoutingPlan:
-    """The routing plan of a forward pass from `h0` through `points` with the KV cache `cache` (or None)."""
-    implementation = resolve_implementation(config.routing_implementation, h0)
-    scratch = decoding_scratch(cache) if implementation == "buffer" else None
-    return RoutingPlan(implementation, DEPTH_STATES[config.routing_mode], points, scratch)
+def plan_routing(
+    config: DeltaQwen3Config, points: list[RoutingPoint], h0: torch.Tensor, checkpointing: bool
+) -> RoutingPlan:
+    """The routing plan of a forward pass from `h0` through `points`, in layers that gradient checkpointing
+    recomputes or not."""
+    implementation = resolve_implementation(config.routing_implementation, h0, checkpointing)
+    return RoutingPlan(implementation, DEPTH_STATES[config.routing_mode], points)

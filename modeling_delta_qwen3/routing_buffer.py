@@ -24,9 +24,8 @@ is written by hand:
   points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one more when
   its gradient is assembled: both read the source while it is in cache, instead of once more at every point that
   reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice.
-  A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`), and
-  reuses the buffers, the views and the stacked routing parameters of the generation's previous step
-  (`DecodingScratch`).
+  A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`); it
+  keeps nothing for the next step, which depends on its arguments alone (an exported program carries no more).
 - With the gates known up front too (`upfront_gates`), a point that reads no extra source leaves its backward
   pass to its newest source (`_deferred_point_backward`): there, the dot products of the sources with the output
   gradients of every point whose newest source it is are one batched product, which reads each source once for
@@ -73,16 +72,6 @@ def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
         return None
     gates = _stacked_on(gates, like.device)
     return gates if gates is not None and gates.shape == (len(points),) else None
-
-
-def upfront_parameters(
-    points: list, like: torch.Tensor, scratch: "DecodingScratch | None" = None
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """`upfront_queries(points, like)` and `upfront_gates(points, like)`; in a generation (`scratch`) without autograd,
-    the previous step's while they still hold (see `DecodingScratch.upfront`)."""
-    if scratch is None or torch.is_grad_enabled():
-        return upfront_queries(points, like), upfront_gates(points, like)
-    return scratch.upfront(points, like)
 
 
 def _stacked_on(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
@@ -137,11 +126,9 @@ class SourceBuffer:
         capacity: int,
         max_points: int,
         queries: torch.Tensor | None = None,
-        scratch: "DecodingScratch | None" = None,
         gates: torch.Tensor | None = None,
     ):
         self.storage = _SourceStorage(eps, capacity, max_points, queries, torch.is_grad_enabled(), gates)
-        self.scratch = scratch  # consulted at the first source, when the shapes are known
         # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
         self.token: torch.Tensor | None = None
@@ -155,8 +142,6 @@ class SourceBuffer:
         if torch.is_grad_enabled():
             self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
         else:
-            if self.scratch is not None:
-                self.storage, self.scratch = self.scratch.storage_for(self.storage, x), None
             self.storage.write(x)
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -389,28 +374,6 @@ class _SourceStorage:
         """Whether sources like `x` are routed by `mix_one_token`: one position of one sequence, without autograd."""
         return not self.for_backward and x.shape[:-1].numel() == 1
 
-    def fits(self, other: "_SourceStorage", x: torch.Tensor) -> bool:
-        """Whether this storage, allocated for one token, can stand in for `other`, not yet allocated, for sources
-        like `x`."""
-        return (
-            self.one_token
-            and other.routes_one_token(x)
-            and (x.shape, x.dtype, x.device) == (self.shape, self.dtype, self.values.device)
-            and (self.eps, self.capacity, self.max_points) == (other.eps, other.capacity, other.max_points)
-            and (self.queries is None) == (other.queries is None)
-        )
-
-    def restart(self, queries: torch.Tensor | None, gates: torch.Tensor | None) -> None:
-        """Empties this one-token storage for another forward pass with these queries and gates, keeping its
-        buffers and views, and, when they are the previous pass's (see `DecodingScratch.upfront`), what it made of
-        them."""
-        self.count, self.points, self.first_reader = 0, 0, []
-        if queries is not None and queries is not self.queries:
-            self.queries = queries
-            torch.mul(queries, math.sqrt(queries.shape[-1]), out=self._scaled_queries)
-        if gates is not self.gates:
-            self._set_gates(gates)
-
     def _set_gates(self, gates: torch.Tensor | None) -> None:
         """The gates, and for one token their values as numbers (see `mix_one_token`): read once, not per point."""
         self.gates, self._gate_values = gates, None if gates is None else gates.tolist()
@@ -435,55 +398,6 @@ class _SourceStorage:
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).to(device=device))
         self._make_views()
-
-
-class DecodingScratch:
-    """What routing keeps from one decoding step to the next of one generation: the previous step's storage, whose
-    buffers and views the next step reuses when its shapes are the same (making them anew took about a tenth of
-    what routing costs a step), and the routing parameters stacked up front. Kept on the generation's KV cache
-    (`decoding_scratch`); a copy starts empty."""
-
-    def __init__(self):
-        self.storage: _SourceStorage | None = None
-        self._parameters: list[torch.Tensor | None] = []  # the last step's routing parameters: held, their ids stay
-        self._key: tuple | None = None
-        self._upfront: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
-
-    def __deepcopy__(self, memo) -> "DecodingScratch":
-        return DecodingScratch()
-
-    def upfront(self, points: list, like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """`upfront_queries` and `upfront_gates`, for a forward pass without autograd: the previous step's while the
-        points' parameters are the same tensors at the same versions (stacking them anew cost decoding a token more
-        than this check)."""
-        parameters = []
-        for point in points:
-            parameters += point.query_and_norm_weight()
-            parameters.append(point.gate)
-        key = (like.device, like.dtype, *map(id, parameters), *(t._version for t in parameters if t is not None))
-        if key != self._key:
-            self._parameters, self._key = parameters, key
-            self._upfront = upfront_queries(points, like), upfront_gates(points, like)
-        return self._upfront
-
-    def storage_for(self, fresh: _SourceStorage, x: torch.Tensor) -> _SourceStorage:
-        """The storage to use instead of `fresh`, about to receive its first source `x`: the previous step's,
-        restarted, when it fits; else `fresh`, kept for the next step when it routes one token."""
-        if self.storage is not None and self.storage.fits(fresh, x):
-            self.storage.restart(fresh.queries, fresh.gates)
-            return self.storage
-        if fresh.routes_one_token(x):
-            self.storage = fresh
-        return fresh
-
-
-def decoding_scratch(cache) -> DecodingScratch | None:
-    """The `DecodingScratch` of the generation that the KV cache `cache` (or None) serves."""
-    if cache is None:
-        return None
-    if not isinstance(getattr(cache, "delta_qwen3_routing", None), DecodingScratch):
-        cache.delta_qwen3_routing = DecodingScratch()
-    return cache.delta_qwen3_routing
 
 
 class _AppendSource(torch.autograd.Function):
@@ -636,10 +550,7 @@ class _Route(torch.autograd.Function):
         )
 
 
-def new_sources(
-    h0: torch.Tensor, eps: float, capacity: int, points: list, scratch: DecodingScratch | None
-) -> SourceBuffer:
+def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> SourceBuffer:
     """A `SourceBuffer` for a forward pass from `h0` over `points`, with their parameters stacked up front when
-    they can be (see `upfront_parameters`)."""
-    queries, gates = upfront_parameters(points, h0, scratch)
-    return SourceBuffer(eps, capacity, len(points), queries, scratch, gates)
+    they can be (see `upfront_queries` and `upfront_gates`)."""
+    return SourceBuffer(eps, capacity, len(points), upfront_queries(points, h0), upfront_gates(points, h0))

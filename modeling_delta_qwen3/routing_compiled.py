@@ -10,6 +10,8 @@ per point (the sources exist anyway), so training memory stays linear in depth. 
 known up front (sharded by FSDP), each point scores its sources itself.
 """
 
+from collections.abc import Iterator
+
 import torch
 
 from .routing_buffer import upfront_queries
@@ -69,6 +71,16 @@ class CompiledSources(SourceList):
             mix = as_dtype(residual, acc) + (mix if point.gate is None else as_dtype(point.gate, acc) * mix)
         return as_dtype(mix, like.dtype), alpha.T.detach()
 
+    def carried(self) -> list[torch.Tensor]:
+        scores = [s for s in self.source_logits if s is not None]
+        return [*super().carried(), *scores, *([] if self.queries is None else [self.queries])]
+
+    def with_carried(self, tensors: Iterator[torch.Tensor]) -> "CompiledSources":
+        copied = super().with_carried(tensors)
+        copied.source_logits = [None if s is None else next(tensors) for s in self.source_logits]
+        copied.queries = None if self.queries is None else next(tensors)
+        return copied
+
     def to(self, *args, **kwargs) -> "CompiledSources":
         moved = CompiledSources(self.eps, self.points)
         moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
@@ -78,5 +90,5 @@ class CompiledSources(SourceList):
         return moved
 
 
-def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list, scratch) -> CompiledSources:
+def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> CompiledSources:
     return CompiledSources(eps, points)

@@ -41,5 +41,5 @@ class FlaSources(SourceList):
     mixture = staticmethod(fla_depth_mix)
 
 
-def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list, scratch) -> FlaSources:
+def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> FlaSources:
     return FlaSources(eps)

@@ -7,6 +7,9 @@ saves a stacked and a normalised copy of the sources at every point, so its trai
 of the depth: it is for checking, not for training large models.
 """
 
+import copy
+from collections.abc import Iterator
+
 import torch
 
 
@@ -52,12 +55,22 @@ class SourceList:
         gate = point.gate if residual is not None else None
         return self.mixture(tensors, *point.query_and_norm_weight(), self.eps, residual=residual, gate=gate)
 
+    def carried(self) -> list[torch.Tensor]:
+        """The tensors routed over (see `DepthState.carried`)."""
+        return list(self.tensors)
+
+    def with_carried(self, tensors: Iterator[torch.Tensor]) -> "SourceList":
+        """A copy holding the next `len(self.tensors)` of `tensors` in place of its own."""
+        copied = copy.copy(self)
+        copied.tensors = [next(tensors) for _ in self.tensors]
+        return copied
+
     def to(self, *args, **kwargs) -> "SourceList":
         moved = type(self)(self.eps)
         moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
         return moved
 
 
-def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list, scratch) -> SourceList:
+def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> SourceList:
     """The `"reference"` implementation's sources (`routing.IMPLEMENTATIONS`)."""
     return SourceList(eps)

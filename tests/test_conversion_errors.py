@@ -141,3 +141,9 @@ def test_interrupted_conversion_leaves_no_output(src, tmp_path, monkeypatch, exi
     if existing:
         assert [p.name for p in out.iterdir()] == ["previous.txt"]
     assert tree_digest(src) == before
+
+
+def test_architecture_without_a_deltaqwen3_class(capsys, src, tmp_path):
+    edit_config(src, architectures=["Qwen3Model"])
+    err = convert_fails(capsys, src, tmp_path / "out")
+    assert "cannot convert architectures ['Qwen3Model']: a Qwen3 checkpoint of one of Qwen3ForCausalLM, " in err

@@ -81,7 +81,8 @@ def test_implementations_match_reference_forward_and_backward(monkeypatch, mode,
         results["compiled, parameters not up front"] = run(model, ids)
     model.set_routing_implementation("buffer")
     with monkeypatch.context() as patch:
-        patch.setattr(routing_buffer, "upfront_parameters", lambda points, like, scratch: (None, None))
+        patch.setattr(routing_buffer, "upfront_queries", lambda points, like: None)
+        patch.setattr(routing_buffer, "upfront_gates", lambda points, like: None)
         results["buffer, parameters not up front"] = run(model, ids)
     use_reference(model)
     expected = run(model, ids)
