@@ -25,7 +25,7 @@ FLA_PACKAGES := fla-core==0.6.0 triton==3.7.1 einops==0.8.2
 # 1:49 together against 3:15 one after another.
 MAKEFLAGS += --jobs=2
 
-.PHONY: demo test test-fast install
+.PHONY: demo test test-fast install gpu-check
 
 install: $(VENV)/.installed
 
@@ -66,3 +66,8 @@ test-fast: install
 demo: install
 	$(PY) -m demo $(if $(BASE),--base $(BASE)) $(if $(DATA),--data $(DATA)) \
 		$(if $(STEPS),--steps $(STEPS)) $(if $(DEVICE),--device $(DEVICE)) $(if $(OUT),--out $(OUT))
+
+# The GPU self-check (benchmarks/gpu_check.py): OUT=DIR for its report (default gpu-check-output), REHEARSAL=1 for
+# the same code on the CPU at tiny shapes.
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check --out $(if $(OUT),$(OUT),gpu-check-output) $(if $(REHEARSAL),--rehearsal)
