@@ -77,7 +77,7 @@ class Profile:
     decode: tuple[int, int, int]  # prompt, new tokens, rounds
     compile_backend: str
     compile_modes: tuple[str, ...]  # compiled training in each, generation in the first
-    learning: dict  # pre-training steps, warm-up steps, batch size, sequence length, model configuration
+    learning: dict  # pre-training steps, warm-up steps, learning rate, batch size, sequence length, model
     targets: bool  # whether the performance goals apply (not at the rehearsal's tiny shapes)
     threads: int | None = None  # PyTorch's CPU threads, when not its default
     perf_variants: tuple[str, ...] = ("delta_block", "delta")
@@ -99,7 +99,7 @@ GPU = Profile(
     decode=(128, 32, 3),
     compile_backend="inductor",
     compile_modes=("delta_block", "delta"),
-    learning=dict(steps=200, warmup=20, batch=16, seq_len=128, model={}),  # the demo's base model
+    learning=dict(steps=200, warmup=20, lr=3e-3, batch=16, seq_len=128, model={}),  # the demo's base model
     targets=True,
 )
 REHEARSAL = Profile(
@@ -114,7 +114,7 @@ REHEARSAL = Profile(
     # Dynamo's tracing of the whole graph (fullgraph) alone: on 2 CPU cores AOTAutograd and inductor take a minute.
     compile_backend="eager",
     compile_modes=("delta_block",),
-    learning=dict(steps=20, warmup=2, batch=4, seq_len=32,
+    learning=dict(steps=20, warmup=2, lr=1e-2, batch=4, seq_len=32,
                   model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=16)),
     targets=False,
     # Tiny operations on a loaded machine: a second thread costs waiting for it (seven times slower on 2 cores).
@@ -465,7 +465,8 @@ def pretrain(profile: Profile, work: Path, mode: str, corpus: dict, inputs) -> l
     run_dir = work / mode
     command = pretraining_command(settings, corpus, inputs, run_dir, mode=mode, launcher=())
     assert command[:2] == ["-m", "finetune"], command[:2]
-    options = ["--warmup-steps", str(learning["warmup"]), "--batch-size", str(learning["batch"]), "--log-every", "1"]
+    options = ["--warmup-steps", str(learning["warmup"]), "--lr", str(learning["lr"]),
+               "--batch-size", str(learning["batch"]), "--log-every", "1"]
     if learning["model"]:  # the demo's base model, smaller
         config_file = work / "model-config.json"
         config_file.write_text(json.dumps({**DEMO_BASE_CONFIG, **learning["model"]}))

@@ -18,7 +18,6 @@ from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics
 from eval.routing_plots import write_routing_report
-from eval.runner import format_table, run_benchmarks
 from delta_qwen3.texts import read_texts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
@@ -165,6 +164,8 @@ def evaluate(settings: DemoSettings, models: dict[str, str], validation: Path) -
         if getattr(model.config, "routing_mode", None):
             routing[name] = routing_statistics(model, tokenizer, texts, max_length=settings.seq_len)
             summary[name]["mean_max_weight_multi_source"] = routing[name]["mean_max_weight_multi_source"]
+    from eval.runner import format_table, run_benchmarks  # lm-eval: imported here, where the demo needs it
+
     eval_dir = settings.out / "eval"
     benchmarks = run_benchmarks(
         [str(path) for path in models.values()],
