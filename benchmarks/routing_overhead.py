@@ -90,6 +90,12 @@ class Settings:
     keep_freed_memory: bool
     variants: list[tuple[str, str | None, bool]] = field(default_factory=lambda: list(VARIANTS))  # Qwen3 first
     figures: tuple[str, ...] = FIGURES
+    train_shape: dict | None = None  # the training figures' shape: by default SMALL with `train_layers` layers
+    build_orders: tuple[str, ...] = ("qwen3_first", "variant_first")  # which of the two to time
+    compile_backend: str = "inductor"
+
+    def training_shape(self) -> dict:
+        return self.train_shape or {**SMALL, "num_hidden_layers": self.train_layers}
 
 
 def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: int = 0) -> torch.nn.Module:
@@ -180,16 +186,16 @@ def _ratios_against_qwen3(
     share_weights: bool = False,
 ) -> tuple[dict, float]:
     """Speed of every variant relative to Qwen3, each measured by `measure_pair` (models by name -> ratio and
-    Qwen3's seconds) with only the two models alive, in both build orders (geometric mean; each order's ratio under
-    "by_build_order", so that the spread between builds shows), optionally with their common weights shared; also
-    the median seconds of Qwen3."""
+    Qwen3's seconds) with only the two models alive, in both build orders or those of `settings.build_orders`
+    (geometric mean; each order's ratio under "by_build_order", so that the spread between builds shows), optionally
+    with their common weights shared; also the median seconds of Qwen3."""
     ratios, by_order, qwen3_seconds = {"qwen3": 1.0}, {}, []
     for label, mode, gated in settings.variants[1:]:
         by_order[label] = {}
-        for order_name, order in (
-            ("qwen3_first", [VARIANTS[0], (label, mode, gated)]),
-            ("variant_first", [(label, mode, gated), VARIANTS[0]]),
-        ):
+        variant = (label, mode, gated)
+        orders = {"qwen3_first": [VARIANTS[0], variant], "variant_first": [variant, VARIANTS[0]]}
+        for order_name in settings.build_orders:
+            order = orders[order_name]
             models = {name: build(shape, m, g, settings) for name, m, g in order}
             if share_weights:
                 _share_base_weights(*models.values())
@@ -281,8 +287,9 @@ def measure_memory(settings: Settings) -> dict:
 
 
 def measure_training(settings: Settings) -> dict:
-    ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
-    shape = {**SMALL, "num_hidden_layers": settings.train_layers}
+    shape = settings.training_shape()
+    ids = torch.randint(0, shape["vocab_size"], (settings.batch, settings.seq), device=settings.device)
+
     def measure_pair(models: dict) -> tuple[float, float]:
         runs = {name: training_step(model, ids) for name, model in models.items()}
         return _paired_ratio(runs, settings.training_pairs, 2, settings.device)
@@ -295,15 +302,15 @@ def measure_compiled_training(settings: Settings) -> dict:
     """`measure_training` with both models of a pair compiled (`fullgraph=True`, so a graph break fails instead
     of timing eager code), each pair compiled afresh; also each model's first step, its compilation, in seconds
     (the longest over the pairs that built it)."""
-    ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
-    shape = {**SMALL, "num_hidden_layers": settings.train_layers}
+    shape = settings.training_shape()
+    ids = torch.randint(0, shape["vocab_size"], (settings.batch, settings.seq), device=settings.device)
     compile_seconds: dict[str, float] = {}
 
     def measure_pair(models: dict) -> tuple[float, float]:
         torch._dynamo.reset()  # nothing compiled for an earlier pair is reused, or counted against the cache limit
         runs = {}
         for name, model in models.items():
-            runs[name] = training_step(torch.compile(model, fullgraph=True), ids)
+            runs[name] = training_step(torch.compile(model, backend=settings.compile_backend, fullgraph=True), ids)
             compile_seconds[name] = max(compile_seconds.get(name, 0.0), _seconds(runs[name], settings.device))
         return _paired_ratio(runs, settings.training_pairs, 2, settings.device)
 

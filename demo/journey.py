@@ -18,7 +18,6 @@ from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics
 from eval.routing_plots import write_routing_report
-from eval.runner import format_table, run_benchmarks
 from delta_qwen3.texts import read_texts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
@@ -104,22 +103,31 @@ def finetune_command(settings: DemoSettings, launcher: list[str], model_args: li
     ]
 
 
-def pretrain_base(settings: DemoSettings, corpus: dict[str, Path]) -> Path:
-    """A byte-level BPE tokenizer and a small Qwen3, both trained from scratch on the pre-training split."""
+def pretraining_inputs(settings: DemoSettings, corpus: dict[str, Path]) -> tuple[Path, Path]:
+    """A byte-level BPE tokenizer trained on the pre-training split, and the base model's configuration file."""
     tokenizer_dir = settings.out / "tokenizer"
     texts = [document["text"] for _, document in read_json_lines(corpus["pretrain"])]
     train_bpe_tokenizer(texts, settings.vocab_size).save_pretrained(tokenizer_dir)
     config_file = settings.out / "base-config.json"
     config_file.write_text(json_text(DEMO_BASE_CONFIG))
+    return tokenizer_dir, config_file
+
+
+def pretraining_command(settings: DemoSettings, corpus: dict[str, Path], inputs: tuple[Path, Path], run_dir: Path,
+                        mode: str = "baseline", launcher: tuple[str, ...] = (sys.executable,)) -> list[str]:
+    """The command that pre-trains a model of the base's shape in routing `mode` (baseline: plain Qwen3) on the
+    pre-training split with the tokenizer and configuration of `inputs` (`pretraining_inputs`)."""
+    tokenizer_dir, config_file = inputs
+    model_args = ["--from-scratch", "--mode", mode, "--model-config", str(config_file),
+                  "--tokenizer", str(tokenizer_dir)]
+    command = finetune_command(settings, list(launcher), model_args, str(corpus["pretrain"]), run_dir)
+    return command + ["--max-steps", str(settings.pretrain_steps), "--lr", "3e-3", "--warmup-steps", "30"]
+
+
+def pretrain_base(settings: DemoSettings, corpus: dict[str, Path]) -> Path:
+    """A byte-level BPE tokenizer and a small Qwen3, both trained from scratch on the pre-training split."""
     run_dir = settings.out / "pretrain"
-    command = finetune_command(
-        settings,
-        [sys.executable],
-        ["--from-scratch", "--mode", "baseline", "--model-config", str(config_file), "--tokenizer", str(tokenizer_dir)],
-        str(corpus["pretrain"]),
-        run_dir,
-    )
-    run(command + ["--max-steps", str(settings.pretrain_steps), "--lr", "3e-3", "--warmup-steps", "30"])
+    run(pretraining_command(settings, corpus, pretraining_inputs(settings, corpus), run_dir))
     return run_dir / "model"
 
 
@@ -156,6 +164,8 @@ def evaluate(settings: DemoSettings, models: dict[str, str], validation: Path) -
         if getattr(model.config, "routing_mode", None):
             routing[name] = routing_statistics(model, tokenizer, texts, max_length=settings.seq_len)
             summary[name]["mean_max_weight_multi_source"] = routing[name]["mean_max_weight_multi_source"]
+    from eval.runner import format_table, run_benchmarks  # lm-eval: imported here, where the demo needs it
+
     eval_dir = settings.out / "eval"
     benchmarks = run_benchmarks(
         [str(path) for path in models.values()],

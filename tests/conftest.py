@@ -21,6 +21,9 @@ PROJECT_PACKAGES = ("modeling_delta_qwen3", "conversion", "finetune", "eval", "d
 TINY_VOCAB = 512
 # vLLM's CPU build in its own environment, without this project: `make test` creates it.
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+# flash-linear-attention's core and Triton, installed beside the main environment for the Triton interpreter:
+# `make test` creates it.
+FLA_PATH = REPO_ROOT / ".venv-fla"
 
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:

@@ -1,59 +1,72 @@
-"""The glue to flash-linear-attention's fused kernel. Its Triton kernels need CUDA, so here the kernel is replaced,
-at the call, by an implementation of its documented contract (`fused_attnres(query, residuals, rms_weight,
-rms_eps=..., return_weights=True)` -> mixture in the sources' dtype and weights `[n_sources, ...]`; the signature and
-arithmetic of fla-core 0.6.0's `fused_attnres` and of its PyTorch reference `naive_attnres`: RMSNorm, scores and
-softmax in float32), and the model must still compute the spec's function, forward and backward."""
+"""The `"fla"` routing implementation: flash-linear-attention's real `fused_attnres` kernels, run on the CPU by
+Triton's interpreter in a fresh interpreter (`tests/fla_kernel_on_cpu.py`, with `.venv-fla`, which `make test`
+builds: fla-core 0.6.0 and Triton 3.7.1, the version PyTorch 2.13's CUDA wheels pin), compute the spec's function
+forward and backward, alone and through the model; and the model refuses fla where it cannot run, saying why."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from spec_reference import reference_forward
-from test_modeling import VARIANTS, random_model, token_ids
+from conftest import FLA_PATH, REPO_ROOT, isolated_env
+from test_modeling import random_model, token_ids
 
 from modeling_delta_qwen3 import routing, routing_fla
 
+# Relative errors in float32 (largest absolute difference over the largest absolute expected value). The kernel
+# against fla's PyTorch reference and against the formula in float64: 8e-7 forward and 4e-6 backward measured.
+KERNEL_TOLERANCE = 1e-5
+# The model through the kernel against the "reference" implementation: the largest absolute logit difference
+# (logits of magnitude about 3) and the routing parameters' gradients relative to the largest of them. Replacement
+# routing (AttnRes) has no residual stream to damp float32 rounding through depth: measured up to 1.6e-6 and 1.6e-6
+# in the delta modes, 9.9e-6 and 1.7e-5 in the AttnRes modes, where the buffer implementation differs from the
+# reference by up to 1e-5 in logits too (the kernel's backward rounds a few times more than fla's reference).
+MODEL_TOLERANCES = {  # mode: (logits, gradients)
+    "delta": (5e-6, 2e-5),
+    "delta_block": (5e-6, 2e-5),
+    "attnres_full": (2e-5, 5e-5),
+    "attnres_block": (2e-5, 5e-5),
+}
+WEIGHTS_TOLERANCE = 5e-6  # routing weights, absolute: measured up to 1.7e-6
 
-def contract_fused_attnres(query, residuals, rms_weight, rms_eps=1e-6, return_weights=False):
-    """The kernel's contract; computed in float32 or, for these float64 tests, float64."""
-    acc = torch.promote_types(residuals[0].dtype, torch.float32)
-    stacked = torch.stack([r.to(acc) for r in residuals])
-    keys = stacked * torch.rsqrt(stacked.pow(2).mean(-1, keepdim=True) + rms_eps) * rms_weight.to(acc)
-    weights = (keys @ query.to(acc)).softmax(dim=0)
-    mix = (weights.unsqueeze(-1) * stacked).sum(0).to(residuals[0].dtype)
-    return (mix, weights) if return_weights else mix
+
+@pytest.fixture(scope="module")
+def kernel_report() -> dict:
+    if not (FLA_PATH / ".installed").exists():
+        pytest.skip("no .venv-fla: `make test` creates it")
+    env = isolated_env() | {"PYTHONPATH": f"{FLA_PATH}{os.pathsep}{REPO_ROOT}", "TRITON_INTERPRET": "1"}
+    completed = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fla_kernel_on_cpu.py")], cwd=REPO_ROOT,
+                               env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def test_model_through_the_fused_kernel_matches_the_spec(monkeypatch):
-    calls = []
+@pytest.mark.slow
+def test_the_kernel_computes_the_formula_forward_and_backward(kernel_report):
+    for comparison in ("kernel_vs_naive", "kernel_vs_float64", "naive_vs_float64"):
+        errors = kernel_report["kernel"][comparison]
+        assert errors["forward"] < KERNEL_TOLERANCE and errors["backward"] < KERNEL_TOLERANCE, (comparison, errors)
 
-    def kernel(*args, **kwargs):
-        calls.append(len(args[1]))
-        return contract_fused_attnres(*args, **kwargs)
 
-    monkeypatch.setattr(routing_fla, "fused_attnres", kernel)
-    monkeypatch.setattr(routing, "fla_unavailable", lambda x: None)
-    ids = token_ids()
-    for mode, gated in VARIANTS:
-        model = random_model(mode, gated).double().train()
-        assert routing.resolve_implementation(None, torch.zeros(1)) == "fla"
-        expected, expected_weights = reference_forward(model, ids)
-        out = model(ids, labels=ids, output_routing_weights=True)
-        torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=0)
-        for got, want in zip(out.routing_weights, expected_weights, strict=True):
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-        out.loss.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if "_route." in n}
-        model.set_routing_implementation("buffer")
-        model.zero_grad()
-        model(ids, labels=ids).loss.backward()
-        for name, grad in grads.items():
-            torch.testing.assert_close(grad, dict(model.named_parameters())[name].grad, atol=1e-8, rtol=1e-6)
-    assert calls and max(calls) > 2
+@pytest.mark.slow
+def test_the_model_through_the_kernel_matches_the_reference_implementation(kernel_report):
+    assert set(kernel_report["model"]) == set(MODEL_TOLERANCES)
+    for mode, (logits_tolerance, grad_tolerance) in MODEL_TOLERANCES.items():
+        errors = kernel_report["model"][mode]
+        assert errors["logits_max_abs"] < logits_tolerance, (mode, errors)
+        assert errors["weights_max_abs"] < WEIGHTS_TOLERANCE, (mode, errors)
+        assert errors["routing_grad_relative"] < grad_tolerance and errors["routing_parameters"] > 0, (mode, errors)
+        assert errors["kernel_calls"] == errors["routing_points"], (mode, errors)  # each point through the kernel
+    # Some points read more sources than one tile of four holds.
+    assert max(errors["most_sources"] for errors in kernel_report["model"].values()) > 4
 
 
 def test_fla_is_only_used_on_cuda(monkeypatch):
     """By default fla routes only where it can; asked for where it cannot, it says why instead of falling back."""
     assert routing.resolve_implementation(None, torch.zeros(1)) == "buffer"
-    monkeypatch.setattr(routing_fla, "fused_attnres", contract_fused_attnres)
+    monkeypatch.setattr(routing_fla, "fused_attnres", lambda *args, **kwargs: None)  # as if installed
     assert routing.resolve_implementation(None, torch.zeros(1)) == "buffer"
     model = random_model("delta")
     model.set_routing_implementation("fla")

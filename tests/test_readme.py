@@ -111,13 +111,20 @@ def _parse_demo(argv: list[str]) -> None:
     parse_settings(argv)
 
 
+def _parse_gpu_check(argv: list[str]) -> None:
+    from benchmarks.gpu_check import build_parser
+
+    build_parser().parse_args(argv)
+
+
 Parser = Callable[[list[str]], None]
-# `python -m NAME` for the project's runnable packages.
-MODULES: dict[str, Parser] = {"finetune": _parse_finetune, "demo": _parse_demo}
+# `python -m NAME` for the project's runnable packages and modules.
+MODULES: dict[str, Parser] = {"finetune": _parse_finetune, "demo": _parse_demo,
+                              "benchmarks.gpu_check": _parse_gpu_check}
 
 
 def _python_module(command: Command, module: str, args: list[str]) -> tuple[str, Parser, list[str]] | None:
-    if module not in PROJECT_PACKAGES and importlib.util.find_spec(module) is not None:
+    if module not in PROJECT_PACKAGES and module not in MODULES and importlib.util.find_spec(module) is not None:
         return None  # an installed tool: pytest and the like
     if module not in MODULES:
         pytest.fail(f"{command.where}: `python -m {module}` is not a runnable module of this project")

@@ -1,0 +1,790 @@
+"""Does DeltaQwen3 work on this GPU? A self-check in the spirit of `accelerate test`, one command:
+
+    python -m benchmarks.gpu_check --out DIR               # on one CUDA GPU, in under 8 minutes (`make gpu-check`)
+    python -m benchmarks.gpu_check --out DIR --rehearsal   # the same code on the CPU at tiny shapes, in a minute
+    python -m benchmarks.gpu_check --out DIR --sections compile,performance --budget-scale 2
+
+Six sections, each with its own time budget, pass/fail, figures and tolerances:
+  implementations  every routing implementation (reference, buffer, compiled, fla where installed) against the
+                   reference, forward and backward, in every routing mode, in float32 (TF32 off) and bfloat16;
+  attention        sdpa (and flash-attention 2 where installed) against eager attention in the model, on a
+                   left-padded batch;
+  compile          `torch.compile(fullgraph=True)`: a training step's loss and gradients, and generation, against
+                   eager;
+  performance      at the Qwen3-0.6B shape in bfloat16, training steps (eager and compiled) and decoding as ratios to
+                   Qwen3 of the same shape in the same run, and memory (saved activations; peak CUDA memory of a
+                   training step) as ratios, against the goals of benchmarks/README.md;
+  learning         a short pre-training of plain Qwen3 and Delta Block on the demo's data: both losses fall;
+  serving          where vLLM is installed (here, or in the interpreter of `--vllm-python`): its greedy tokens equal
+                   `generate`'s, in vLLM's default (compiled) and eager modes; else skipped, saying why.
+
+A section that fails, raises or runs out of its budget is recorded as such and the others still run. DIR/gpu_check.json
+is written before the first section and again after each (to a temporary file, then renamed), so a killed run leaves
+what it had; DIR/gpu_check.md holds the table printed at the end, and DIR/gpu_check.log what the sections printed.
+Exit status: 0 when no section failed, 1 when one did, 2 for bad options. Nothing is installed.
+"""
+
+import argparse
+import contextlib
+import copy
+import gc
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from delta_qwen3.atomic import write_json
+
+SECTIONS = ("implementations", "attention", "compile", "performance", "learning", "serving")
+FAILED = ("fail", "error", "timeout")
+MODES = ("delta", "delta_block", "attnres_full", "attnres_block")  # the delta modes gated, as `convert` makes them
+
+# Relative errors: the largest absolute difference over the largest absolute expected value, per compared group
+# (logits, routing weights, loss, routing parameters' gradients, the other gradients).
+# float32 without TF32: summation order alone moves results by about 2e-6, and by up to 2e-5 in the AttnRes modes,
+# whose replacement routing amplifies rounding through depth (measured on the CPU at the GPU profile's shape).
+FLOAT32_TOLERANCE = 2e-4
+# In bfloat16, a candidate is compared with float32's result and may be off by at most this many times what the
+# reference implementation (or eager attention) in bfloat16 is off by, plus the floor: rounding to bfloat16 at other
+# places moves a result by as much as that rounding itself, while a wrong computation is off by far more.
+BFLOAT16_FACTOR, BFLOAT16_FLOOR = 3.0, 0.05
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Shapes, sizes and time budgets of one kind of run: on a GPU, or the CPU rehearsal."""
+
+    device: str
+    budgets: dict  # seconds per section
+    check_shape: dict  # the small model of the correctness sections
+    check_tokens: tuple[int, int]  # batch, sequence
+    perf_shape: dict
+    perf_tokens: tuple[int, int]
+    training_pairs: int
+    decode: tuple[int, int, int]  # prompt, new tokens, rounds
+    compile_backend: str
+    compile_modes: tuple[str, ...]  # compiled training in each, generation in the first
+    learning: dict  # pre-training steps, warm-up steps, learning rate, batch size, sequence length, model
+    targets: bool  # whether the performance goals apply (not at the rehearsal's tiny shapes)
+    threads: int | None = None  # PyTorch's CPU threads, when not its default
+    perf_variants: tuple[str, ...] = ("delta_block", "delta")
+    compiled_variants: tuple[str, ...] = ("delta_block",)  # compiling the 0.6B shape takes minutes per model
+
+
+CHECK_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.02,
+                   tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+
+GPU = Profile(
+    device="cuda",
+    budgets=dict(implementations=45, attention=20, compile=90, performance=210, learning=40, serving=40),
+    check_shape=CHECK_SHAPE | dict(hidden_size=256, intermediate_size=512, head_dim=64, num_hidden_layers=6),
+    check_tokens=(2, 64),
+    perf_shape={},  # the Qwen3-0.6B shape, from benchmarks/routing_overhead.py (see `performance_settings`)
+    perf_tokens=(4, 512),
+    training_pairs=10,
+    decode=(128, 32, 3),
+    compile_backend="inductor",
+    compile_modes=("delta_block", "delta"),
+    learning=dict(steps=200, warmup=20, lr=3e-3, batch=16, seq_len=128, model={}),  # the demo's base model
+    targets=True,
+)
+REHEARSAL = Profile(
+    device="cpu",
+    budgets=dict(implementations=30, attention=15, compile=60, performance=60, learning=60, serving=30),
+    check_shape=CHECK_SHAPE | dict(num_hidden_layers=3),  # blocks of two layers and of one
+    check_tokens=(2, 11),
+    perf_shape=CHECK_SHAPE | dict(num_hidden_layers=2),
+    perf_tokens=(2, 32),
+    training_pairs=1,
+    decode=(8, 3, 1),
+    # Dynamo's tracing of the whole graph (fullgraph) alone: on 2 CPU cores AOTAutograd and inductor take a minute.
+    compile_backend="eager",
+    compile_modes=("delta_block",),
+    learning=dict(steps=20, warmup=2, lr=1e-2, batch=4, seq_len=32,
+                  model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=16)),
+    targets=False,
+    # Tiny operations on a loaded machine: a second thread costs waiting for it (seven times slower on 2 cores).
+    threads=1,
+    perf_variants=("delta_block",),
+)
+
+
+class Skipped(Exception):
+    """The section cannot run here; the message says why."""
+
+
+class SectionTimeout(BaseException):
+    """The section's time budget ran out (a BaseException, so that no `except Exception` on the way swallows it)."""
+
+
+class SectionRecord:
+    """What a section found: its checks (each a value against a limit, passing or not), figures, and what it did not
+    run and why; kept in `data`, the section's part of the JSON, as it goes, so that a section that stops part-way
+    keeps what it measured."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        data.setdefault("checks", [])
+
+    def check(self, name: str, value: float, limit: float, at_least: bool = False) -> bool:
+        passed = math.isfinite(value) and (value >= limit if at_least else value <= limit)
+        self.data["checks"].append({"name": name, "value": value, "limit": limit,
+                                    "passes_if": "value >= limit" if at_least else "value <= limit", "pass": passed})
+        return passed
+
+    def figure(self, name: str, value) -> None:
+        self.data.setdefault("figures", {})[name] = value
+
+    def not_run(self, name: str, reason: str) -> None:
+        self.data.setdefault("not_run", {})[name] = reason
+
+
+# --- comparing results --------------------------------------------------------------------------------------------
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    expected = expected.detach().double()
+    difference = (got.detach().double() - expected).abs().max()
+    scale = expected.abs().max()
+    return (difference / scale).item() if scale > 0 else difference.item()
+
+
+def training_pass(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """One forward and backward pass of `model` on `ids`: the groups that `errors` compares, flattened. Padding
+    (where `attention_mask` has zeros) is neither compared nor scored, nor is the prediction made at a padded
+    position (of the token after it): attention backends fill padded positions each their own way."""
+    real = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    scored = real & torch.cat([real[:, :1], real[:, :-1]], dim=1)  # labels are shifted onto the position before
+    model.zero_grad(set_to_none=True)
+    out = model(ids, attention_mask=attention_mask, labels=ids.masked_fill(~scored, -100), output_routing_weights=True)
+    out.loss.backward()
+    gradients = [(name, p.grad.flatten()) for name, p in model.named_parameters() if p.grad is not None]
+    return {
+        "logits": out.logits[real].detach(),
+        "routing_weights": torch.cat([weights[real].flatten() for weights in out.routing_weights]).detach(),
+        "loss": out.loss.detach(),
+        "routing_gradients": torch.cat([g for name, g in gradients if "_route." in name]),
+        "other_gradients": torch.cat([g for name, g in gradients if "_route." not in name]),
+    }
+
+
+def errors(got: dict, expected: dict) -> dict[str, float]:
+    return {name: relative_error(got[name], expected[name]) for name in expected}
+
+
+def bfloat16_limits(yardstick: dict[str, float]) -> dict[str, float]:
+    return {name: BFLOAT16_FACTOR * error + BFLOAT16_FLOOR for name, error in yardstick.items()}
+
+
+def check_groups(section: SectionRecord, label: str, found: dict[str, float], limits: dict[str, float]) -> None:
+    """One check per compared group; the errors and limits are kept in full under the label too."""
+    for name, error in found.items():
+        section.check(f"{label}: {name}", error, limits[name])
+
+
+@contextlib.contextmanager
+def float32_without_tf32() -> Iterator[None]:
+    """Full float32 matrix products (no TF32 on GPUs that have it), restored afterwards."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def random_delta(profile: Profile, mode: str, **overrides):
+    """A DeltaQwen3 of the check shape in `mode` (gated in the delta modes), its routing parameters random so
+    that routing changes what it computes, on the profile's device in float32."""
+    from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+    from tests.spec_reference import randomize_routing
+
+    torch.manual_seed(0)
+    fields = profile.check_shape | overrides
+    config = DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=mode.startswith("delta"), routing_num_blocks=2)
+    model = DeltaQwen3ForCausalLM(config)
+    randomize_routing(model)
+    return model.to(profile.device)
+
+
+def check_ids(profile: Profile, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, profile.check_shape["vocab_size"], profile.check_tokens, generator=generator).to(
+        profile.device)
+
+
+# --- implementations ----------------------------------------------------------------------------------------------
+
+
+def routing_implementations(profile: Profile, section: SectionRecord) -> list[str]:
+    """The implementations to compare with the reference here: fla's kernel only on CUDA with the package."""
+    from modeling_delta_qwen3 import routing_fla
+
+    names = ["buffer", "compiled"]
+    if (reason := routing_fla.fla_unavailable(torch.zeros(1, device=profile.device))) is None:
+        names.append("fla")
+    else:
+        section.not_run("fla", reason)
+    return names
+
+
+def check_implementations(profile: Profile, section: SectionRecord) -> None:
+    """Per mode and dtype, each implementation's training pass against the reference implementation's: in float32
+    against the float32 reference; in bfloat16 against the float32 reference, within what the bfloat16 reference
+    is off by itself (`bfloat16_limits`)."""
+    names = routing_implementations(profile, section)
+    ids = check_ids(profile)
+    for mode in MODES:
+        model = random_delta(profile, mode).train()
+        with float32_without_tf32():
+            model.set_routing_implementation("reference")
+            exact = training_pass(model, ids)
+            for name in names:
+                model.set_routing_implementation(name)
+                check_groups(section, f"{mode} float32 {name}", errors(training_pass(model, ids), exact),
+                             dict.fromkeys(exact, FLOAT32_TOLERANCE))
+        model.to(torch.bfloat16).set_routing_implementation("reference")
+        yardstick = errors(training_pass(model, ids), exact)
+        section.figure(f"{mode} bfloat16 reference", yardstick)
+        for name in names:
+            model.set_routing_implementation(name)
+            check_groups(section, f"{mode} bfloat16 {name}", errors(training_pass(model, ids), exact),
+                         bfloat16_limits(yardstick))
+
+
+# --- attention ----------------------------------------------------------------------------------------------------
+
+
+def left_padded(ids: torch.Tensor) -> torch.Tensor:
+    """An attention mask that left-pads the second row by a quarter of its length."""
+    mask = torch.ones_like(ids)
+    mask[1, : ids.shape[1] // 4] = 0
+    return mask
+
+
+def attention_backends(profile: Profile, section: SectionRecord) -> dict[str, torch.dtype]:
+    """The attention implementations to compare with eager, each in the dtype it is run in: sdpa in both,
+    flash-attention 2 (CUDA, half precision only) where installed."""
+    from transformers.utils import is_flash_attn_2_available
+
+    backends = {"sdpa float32": torch.float32, "sdpa bfloat16": torch.bfloat16}
+    if profile.device == "cuda" and is_flash_attn_2_available():
+        backends["flash_attention_2 bfloat16"] = torch.bfloat16
+    else:
+        section.not_run("flash_attention_2", "flash-attention 2 is not installed" if profile.device == "cuda"
+                        else "flash-attention 2 runs on CUDA only")
+    return backends
+
+
+def check_attention(profile: Profile, section: SectionRecord) -> None:
+    """Per mode, each backend's training pass on a left-padded batch against eager attention's: in float32 within
+    float32's tolerance, in bfloat16 within what eager attention in bfloat16 is off by (`bfloat16_limits`)."""
+    backends = attention_backends(profile, section)
+    ids = check_ids(profile)
+    mask = left_padded(ids)
+    for mode in MODES:
+        model = random_delta(profile, mode).train()
+        models = {torch.float32: model, torch.bfloat16: copy.deepcopy(model).to(torch.bfloat16)}
+        results = {}
+        for dtype, model in models.items():
+            model.set_attn_implementation("eager")
+            with float32_without_tf32():
+                results[dtype] = training_pass(model, ids, mask)
+        yardstick = errors(results[torch.bfloat16], results[torch.float32])
+        section.figure(f"{mode} bfloat16 eager", yardstick)
+        for label, dtype in backends.items():
+            models[dtype].set_attn_implementation(label.split()[0])
+            with float32_without_tf32():
+                found = errors(training_pass(models[dtype], ids, mask), results[torch.float32])
+            limits = dict.fromkeys(found, FLOAT32_TOLERANCE) if dtype == torch.float32 else bfloat16_limits(yardstick)
+            check_groups(section, f"{mode} {label}", found, limits)
+
+
+# --- compile ------------------------------------------------------------------------------------------------------
+
+
+def greedy(model, ids: torch.Tensor, **kwargs):
+    return model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=2, eos_token_id=None,
+                          output_logits=True, return_dict_in_generate=True, **kwargs)
+
+
+# Compiling takes time in proportion to the layers: three, in two blocks of two layers and one, have each mechanism
+# of every mode, and a block of several layers (vLLM's compilation on the CPU got that wrong: docs/SERVING.md).
+COMPILED_LAYERS = 3
+
+
+def check_compiled_training(profile: Profile, section: SectionRecord, mode: str) -> None:
+    model = random_delta(profile, mode, num_hidden_layers=COMPILED_LAYERS).train()
+    ids = check_ids(profile)
+    with float32_without_tf32():
+        eager = training_pass(model, ids)
+        compiled = torch.compile(model, backend=profile.compile_backend, fullgraph=True)
+        check_groups(section, f"{mode} training", errors(training_pass(compiled, ids), eager),
+                     dict.fromkeys(eager, FLOAT32_TOLERANCE))
+
+
+def check_compiled_generation(profile: Profile, section: SectionRecord, mode: str) -> None:
+    """Greedy generation with the model's forward compiled: the same tokens, and logits within float32's
+    tolerance."""
+    model = random_delta(profile, mode, num_hidden_layers=COMPILED_LAYERS).eval()
+    ids = check_ids(profile)[:1, :8]
+    with float32_without_tf32(), torch.no_grad():
+        eager = greedy(model, ids, disable_compile=True)
+        model.forward = torch.compile(model.forward, backend=profile.compile_backend, fullgraph=True)
+        compiled = greedy(model, ids)
+    section.check(f"{mode} generation: tokens that differ", (compiled.sequences != eager.sequences).sum().item(), 0)
+    section.check(f"{mode} generation: logits", relative_error(torch.stack(compiled.logits), torch.stack(eager.logits)),
+                  FLOAT32_TOLERANCE)
+
+
+def check_compile(profile: Profile, section: SectionRecord) -> None:
+    """Training in the profile's modes and generation in the first: each compilation takes tens of seconds."""
+    section.figure("backend", profile.compile_backend)
+    for mode in profile.compile_modes:
+        torch._dynamo.reset()
+        check_compiled_training(profile, section, mode)
+    torch._dynamo.reset()
+    check_compiled_generation(profile, section, profile.compile_modes[0])
+
+
+# --- performance --------------------------------------------------------------------------------------------------
+
+
+def performance_settings(profile: Profile):
+    """benchmarks/routing_overhead.py's settings for this profile, in bfloat16 on its device."""
+    from benchmarks import routing_overhead
+
+    shape = profile.perf_shape or routing_overhead.QWEN3_06B
+    prompt, new_tokens, rounds = profile.decode
+    variants = [variant for variant in routing_overhead.VARIANTS if variant[0] in ("qwen3", *profile.perf_variants)]
+    return routing_overhead.Settings(
+        device=profile.device, dtype=torch.bfloat16, batch=profile.perf_tokens[0], seq=profile.perf_tokens[1],
+        depths=[], train_layers=shape["num_hidden_layers"], training_pairs=profile.training_pairs, decode_shape=shape,
+        prompt=prompt, new_tokens=new_tokens, decode_runs=rounds, keep_freed_memory=False, variants=variants,
+        train_shape=shape, compile_backend=profile.compile_backend)  # fmt: skip
+
+
+def peak_training_memory(model, ids: torch.Tensor) -> int:
+    """`torch.cuda.max_memory_allocated` over a training step after a first one (which creates AdamW's state)."""
+    from benchmarks.routing_overhead import training_step
+
+    step = training_step(model, ids)
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def memory_ratios(settings) -> dict[str, dict[str, float]]:
+    """Per variant, autograd's saved-activation bytes of a training forward and (CUDA) the peak memory of a
+    training step, as ratios to Qwen3's; one model alive at a time."""
+    from benchmarks.routing_overhead import build, saved_activation_bytes
+
+    shape = settings.training_shape()
+    ids = torch.randint(0, shape["vocab_size"], (settings.batch, settings.seq), device=settings.device)
+    sizes = {}
+    for label, mode, gated in settings.variants:
+        model = build(shape, mode, gated, settings)
+        sizes[label] = {"saved_activations": saved_activation_bytes(model, ids)}
+        if settings.device.startswith("cuda"):
+            sizes[label]["peak_cuda_memory"] = peak_training_memory(model, ids)
+        del model
+        release_memory()
+    return {kind: {label: sizes[label][kind] / sizes["qwen3"][kind] for label in sizes}
+            for kind in sizes["qwen3"]}  # fmt: skip
+
+
+def check_speed(profile: Profile, section: SectionRecord, figure: str, ratios: dict) -> None:
+    """The variants' ratios to Qwen3 against benchmarks/README.md's goals (at the rehearsal's shapes: measured at
+    all)."""
+    from benchmarks.routing_overhead import MIN_SPEED
+
+    section.figure(figure, ratios)
+    for label in profile.perf_variants:
+        if label in ratios:
+            goal = MIN_SPEED[figure][label] if profile.targets else 0.0
+            section.check(f"{figure} tokens/s, {label} / qwen3", ratios[label], goal, at_least=True)
+
+
+def check_performance(profile: Profile, section: SectionRecord) -> None:
+    """Memory first, then eager training, decoding, and compiled training last: what is measured is kept if the
+    budget runs out on the way."""
+    from benchmarks import routing_overhead
+
+    settings = performance_settings(profile)
+    section.figure("shape", {"layers": settings.train_shape["num_hidden_layers"],
+                             "hidden": settings.train_shape["hidden_size"], "tokens": [settings.batch, settings.seq],
+                             "dtype": "bfloat16"})  # fmt: skip
+    with torch.device(profile.device):  # the models are built on the device, not built on the CPU and moved
+        memory = memory_ratios(settings)
+        section.figure("memory", memory)
+        for label in profile.perf_variants:
+            limit = routing_overhead.MAX_MEMORY[label] if profile.targets else math.inf
+            section.check(f"saved activations, {label} / qwen3", memory["saved_activations"][label], limit)
+        check_speed(profile, section, "training", routing_overhead.measure_training(settings))
+        check_speed(profile, section, "decoding", routing_overhead.measure_decoding(settings))
+        variants = [variant for variant in settings.variants if variant[0] in ("qwen3", *profile.compiled_variants)]
+        compiled = replace(settings, variants=variants, build_orders=("qwen3_first",))
+        check_speed(profile, section, "compiled_training", routing_overhead.measure_compiled_training(compiled))
+
+
+# --- learning -----------------------------------------------------------------------------------------------------
+
+
+def falling(losses: list[float]) -> float:
+    """The mean loss of the last fifth of the steps over that of the first fifth."""
+    fifth = max(1, len(losses) // 5)
+    return (sum(losses[-fifth:]) / fifth) / (sum(losses[:fifth]) / fifth)
+
+
+def pretrain(profile: Profile, work: Path, mode: str, corpus: dict, inputs) -> list[float]:
+    """Pre-train a model of the demo's base shape in `mode` with `finetune`, in this process; its loss at every
+    step."""
+    import finetune
+    from demo.journey import DEMO_BASE_CONFIG, DemoSettings, pretraining_command
+
+    learning = profile.learning
+    settings = DemoSettings(out=work, base=None, data=None, steps=0, pretrain_steps=learning["steps"],
+                            device=profile.device, seq_len=learning["seq_len"], num_blocks=2)
+    run_dir = work / mode
+    command = pretraining_command(settings, corpus, inputs, run_dir, mode=mode, launcher=())
+    assert command[:2] == ["-m", "finetune"], command[:2]
+    options = ["--warmup-steps", str(learning["warmup"]), "--lr", str(learning["lr"]),
+               "--batch-size", str(learning["batch"]), "--log-every", "1"]
+    if learning["model"]:  # the demo's base model, smaller
+        config_file = work / "model-config.json"
+        config_file.write_text(json.dumps({**DEMO_BASE_CONFIG, **learning["model"]}))
+        options += ["--model-config", str(config_file)]
+    if finetune.main([*command[2:], *options] + (["--num-blocks", "2"] if mode != "baseline" else [])) != 0:
+        raise RuntimeError(f"finetune failed for {mode} (its message is in gpu_check.log)")
+    log = (run_dir / "train_log.jsonl").read_text().splitlines()
+    return [entry["loss"] for entry in map(json.loads, log) if "loss" in entry]
+
+
+def check_learning(profile: Profile, section: SectionRecord) -> None:
+    """Plain Qwen3 (baseline) and Delta Block pre-trained alike on the demo's pre-training split: each one's last
+    fifth of losses at most 0.95 of its first fifth (a few hundred steps on a GPU take it well below: about 0.7)."""
+    from demo.journey import DemoSettings, pretraining_inputs, split_corpus
+
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        corpus = split_corpus(work)
+        settings = DemoSettings(out=work, base=None, data=None, steps=0, pretrain_steps=0, device=profile.device,
+                                seq_len=profile.learning["seq_len"], num_blocks=2)
+        inputs = pretraining_inputs(settings, corpus)
+        for mode in ("baseline", "delta_block"):
+            losses = pretrain(profile, work, mode, corpus, inputs)
+            section.figure(f"{mode} losses", losses)
+            section.check(f"{mode}: last fifth of losses / first fifth", falling(losses), 0.95)
+
+
+# --- serving ------------------------------------------------------------------------------------------------------
+
+
+def vllm_interpreter(requested: Path | None) -> Path:
+    if requested is not None:
+        return requested
+    if importlib.util.find_spec("vllm") is None:
+        raise Skipped("vLLM is not installed in this interpreter (--vllm-python names one that has it)")
+    return Path(sys.executable)
+
+
+def save_serving_models(profile: Profile, root: Path, modes: list[str]) -> dict:
+    """Per mode, a random DeltaQwen3 of the shape vLLM's serving tests use, saved with its code."""
+    from benchmarks.serving import SHAPES
+
+    shape = {**SHAPES["tiny"], "num_hidden_layers": 4}
+    made = {}
+    for mode in modes:
+        model = random_delta(profile, mode, **shape).eval()
+        model.save_pretrained(root / mode)
+        made[mode] = (root / mode, model)
+    return made
+
+
+def vllm_job(models: dict, prompts: list[list[int]], enforce_eager: bool, device: str) -> dict:
+    engine = dict(max_model_len=256, max_num_seqs=len(prompts), kv_cache_memory_bytes=256 << 20, seed=0,
+                  trust_remote_code=True, enforce_eager=enforce_eager, skip_tokenizer_init=True)
+    if device == "cuda":
+        engine["gpu_memory_utilization"] = 0.3  # this process holds some GPU memory too
+    runs = [{"name": mode, "model": str(path), "dtype": "float32", "model_impl": "transformers", "prompts": prompts,
+             "max_tokens": 8} for mode, (path, _) in models.items()]  # fmt: skip
+    return {"engine": engine, "runs": runs}
+
+
+def check_serving(profile: Profile, section: SectionRecord, vllm_python: Path | None) -> None:
+    """Greedy tokens from vLLM (its Transformers backend, the model code loaded as remote code) against
+    `generate`'s, in both delta modes, in vLLM's eager and default modes (on the CPU delta_block refuses the
+    latter: docs/SERVING.md)."""
+    from benchmarks.serving import fixed_prompts, run_vllm
+
+    python = vllm_interpreter(vllm_python)
+    prompts = fixed_prompts(4, 4, 16, 512)
+    with tempfile.TemporaryDirectory() as work:
+        models = save_serving_models(profile, Path(work), ["delta_block", "delta"])
+        expected = {mode: [greedy(model, torch.tensor([p], device=profile.device)).sequences[0, len(p):].tolist()
+                           for p in prompts] for mode, (_, model) in models.items()}  # fmt: skip
+        for enforce_eager in (True, False):
+            engine_mode = "eager" if enforce_eager else "default"
+            served = {m: v for m, v in models.items() if enforce_eager or profile.device != "cpu" or m != "delta_block"}
+            if served != models:
+                section.not_run(f"delta_block {engine_mode}", "refused on the CPU (docs/SERVING.md)")
+            results = run_vllm(python, vllm_job(served, prompts, enforce_eager, profile.device), Path(work))
+            for mode in served:
+                differing = sum(got != want for got, want in zip(results[mode]["tokens"], expected[mode], strict=True))
+                section.check(f"{mode} vLLM {engine_mode}: prompts whose tokens differ", differing, 0)
+
+
+# --- running the sections -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raises `SectionTimeout` in the main thread after `seconds` (SIGALRM: Python code, or a call into native code
+    once it returns)."""
+
+    def expire(signum, frame):
+        raise SectionTimeout(f"ran out of its {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class Run:
+    """One run of the check: the report as it grows, written to `out`/gpu_check.json after every change of a
+    section's status (under a lock: the watchdog writes it too)."""
+
+    out: Path
+    report: dict
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def save(self) -> None:
+        with self.lock:
+            write_json(self.out / "gpu_check.json", self.report)
+
+    def sections(self) -> dict:
+        return self.report["sections"]
+
+
+def finish_status(data: dict) -> str:
+    return "pass" if data["checks"] and all(check["pass"] for check in data["checks"]) else "fail"
+
+
+def run_section(run: Run, name: str, function: Callable, budget: float, log) -> None:
+    """Run one section within `budget` seconds, its output into `log`; record its status, time and any error."""
+    data = run.sections()[name] = {"status": "running", "budget_seconds": budget}
+    run.save()
+    start = time.monotonic()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), time_limit(budget):
+            function(SectionRecord(data))
+        data["status"] = finish_status(data)
+    except Skipped as skipped:
+        data["status"], data["reason"] = "skipped", str(skipped)
+    except SectionTimeout as timeout:
+        data["status"], data["reason"] = "timeout", str(timeout)
+    except (Exception, SystemExit) as error:  # SystemExit: benchmarks/serving.py's way to report vLLM's failure
+        data["status"], data["reason"] = "error", f"{type(error).__name__}: {error}"[:2000]
+        data["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        data["seconds"] = round(time.monotonic() - start, 1)
+        torch._dynamo.reset()
+        release_memory()
+        run.save()
+        print(f"{name}: {data['status']} ({data['seconds']} s)", file=sys.__stdout__, flush=True)
+
+
+def watchdog(run: Run, seconds: float) -> threading.Thread:
+    """A thread that, should the run outlast `seconds` (a section stuck in native code, where the time limit cannot
+    interrupt it), records the running section as timed out, writes the report and the table, and ends the
+    process with status 1."""
+
+    def expire() -> None:
+        time.sleep(seconds)
+        for data in run.sections().values():
+            if data["status"] == "running":
+                data["status"], data["reason"] = "timeout", "stuck past the whole run's time; the process was ended"
+        run.save()
+        write_table(run)
+        os._exit(1)
+
+    thread = threading.Thread(target=expire, name="gpu_check watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def run_sections(run: Run, functions: dict[str, Callable], budgets: dict[str, float], log) -> None:
+    for name in functions:
+        run.sections()[name] = {"status": "waiting", "budget_seconds": budgets[name]}
+    for name, function in functions.items():
+        run_section(run, name, function, budgets[name], log)
+    run.report["passed"] = not any(data["status"] in FAILED for data in run.sections().values())
+    run.save()
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(profile: Profile, rehearsal: bool) -> dict:
+    import transformers
+
+    gpu = torch.cuda.get_device_name() if profile.device == "cuda" else None
+    packages = ("triton", "fla-core", "flash-attn", "vllm", "accelerate")
+    return {"rehearsal": rehearsal, "device": profile.device, "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            **{name: package_version(name) for name in packages}}  # fmt: skip
+
+
+def worst_check(data: dict) -> str:
+    """The check closest to failing, or the first that failed, in words."""
+    failed = [check for check in data.get("checks", []) if not check["pass"]]
+
+    def margin(check) -> float:
+        value, limit = check["value"], check["limit"]
+        if check["passes_if"] == "value >= limit":
+            return limit / value if value > 0 else math.inf
+        return value / limit if limit > 0 else (0.0 if value == 0 else math.inf)
+
+    checks = failed or sorted(data.get("checks", []), key=margin)[-1:]
+    if not checks:
+        return ""
+    check = checks[0]
+    sign = ">=" if check["passes_if"] == "value >= limit" else "<="
+    verdict = "failed" if not check["pass"] else "closest"
+    return f"{verdict}: {check['name']} = {check['value']:.3g} (needs {sign} {check['limit']:.3g})"
+
+
+def table(run: Run) -> str:
+    rows = [["section", "status", "seconds", "budget", "checks", "worst check, or why"]]
+    for name, data in run.sections().items():
+        checks = data.get("checks", [])
+        passed = sum(check["pass"] for check in checks)
+        rows.append([name, data["status"], str(data.get("seconds", "")), f"{data['budget_seconds']:.0f}",
+                     f"{passed}/{len(checks)}", data.get("reason") or worst_check(data)])  # fmt: skip
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    verdict = "all sections passed or were skipped" if run.report.get("passed") else "some sections did not pass"
+    return "\n".join(lines) + f"\n\n{verdict}; details in {run.out / 'gpu_check.json'}\n"
+
+
+def write_table(run: Run) -> None:
+    text = table(run)
+    (run.out / "gpu_check.md").write_text(text)
+    print(text, file=sys.__stdout__, flush=True)
+
+
+# --- command line -------------------------------------------------------------------------------------------------
+
+
+def section_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SECTIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown section {', '.join(unknown) or '(none)'}: choose from "
+                                         f"{', '.join(SECTIONS)}")
+    return names
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad options end the command with one line naming the problem, and status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m benchmarks.gpu_check", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="where gpu_check.json, .md and .log are written")
+    parser.add_argument("--rehearsal", action="store_true", help="the same code on the CPU at tiny shapes")
+    parser.add_argument("--sections", type=section_names, default=list(SECTIONS), help="comma-separated, in order")
+    parser.add_argument("--budget-scale", type=positive, default=1.0, help="multiply every section's time budget")
+    parser.add_argument("--vllm-python", type=Path, help="an interpreter that has vLLM (default: this one, if so)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, checked against this machine: a GPU unless rehearsing, the files they name."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.rehearsal and not torch.cuda.is_available():
+        parser.error("no CUDA GPU is visible to PyTorch here: --rehearsal runs the check on the CPU")
+    if args.vllm_python is not None and not args.vllm_python.exists():
+        parser.error(f"--vllm-python {args.vllm_python} does not exist")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is not a directory")
+    return args
+
+
+def section_functions(profile: Profile, args: argparse.Namespace) -> dict[str, Callable]:
+    functions = {
+        "implementations": lambda section: check_implementations(profile, section),
+        "attention": lambda section: check_attention(profile, section),
+        "compile": lambda section: check_compile(profile, section),
+        "performance": lambda section: check_performance(profile, section),
+        "learning": lambda section: check_learning(profile, section),
+        "serving": lambda section: check_serving(profile, section, args.vllm_python),
+    }
+    return {name: functions[name] for name in args.sections}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile = REHEARSAL if args.rehearsal else GPU
+    if profile.threads:
+        torch.set_num_threads(profile.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    budgets = {name: seconds * args.budget_scale for name, seconds in profile.budgets.items()}
+    run = Run(args.out, {"settings": environment(profile, args.rehearsal) | {"budget_scale": args.budget_scale},
+                         "sections": {}})  # fmt: skip
+    watchdog(run, sum(budgets[name] for name in args.sections) + 30)  # all the budgets: 7.4 minutes on a GPU
+    with (args.out / "gpu_check.log").open("w") as log:
+        run_sections(run, section_functions(profile, args), budgets, log)
+    write_table(run)
+    return 0 if run.report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
