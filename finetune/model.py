@@ -134,8 +134,8 @@ def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) ->
     """Wrap `model` with LoRA adapters on the base's linear layers; routing parameters train in full.
 
     The routing parameters are made trainable in place rather than through `modules_to_save`: PEFT's wrapper would
-    keep a trained copy beside the original, which the routing code (calling `RoutingPoint.route`, not `forward`)
-    would not see. In place, `merge_and_unload` keeps them as they are, with their ordinary names.
+    keep a trained copy beside the original, which the routing code (reading the points' parameters, never calling
+    their `forward`) would not see. In place, `merge_and_unload` keeps them as they are, with their ordinary names.
     """
     lora_config = LoraConfig(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"

@@ -18,6 +18,8 @@ from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = ("modeling_delta_qwen3", "conversion", "finetune", "eval", "delta_qwen3", "demo")
+# The model's code as a checkpoint ships it: every module of the package but its `__init__`.
+MODEL_CODE_FILES = sorted(p.name for p in (REPO_ROOT / "modeling_delta_qwen3").glob("*.py") if p.name != "__init__.py")
 TINY_VOCAB = 512
 # vLLM's CPU build in its own environment, without this project: `make test` creates it.
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"

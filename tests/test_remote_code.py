@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import transformers
-from conftest import last_json_line, run_without_project, save_random_delta
+from conftest import MODEL_CODE_FILES, last_json_line, run_without_project, save_random_delta
 
 from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
 
@@ -37,19 +37,7 @@ print(json.dumps({{
 def test_loads_with_trust_remote_code_without_the_project(tmp_path, mode):
     model = save_random_delta(tmp_path / "model", mode)
     files = sorted(p.name for p in (tmp_path / "model").iterdir())
-    assert files == [
-        "config.json",
-        "configuration_delta_qwen3.py",
-        "generation_config.json",
-        "model.safetensors",
-        "modeling_delta_qwen3.py",
-        "routing.py",
-        "routing_buffer.py",
-        "routing_compiled.py",
-        "routing_fla.py",
-        "routing_math.py",
-        "routing_reference.py",
-    ]
+    assert files == sorted(["config.json", "generation_config.json", "model.safetensors", *MODEL_CODE_FILES])
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["auto_map"] == AUTO_MAP and config["model_type"] == "delta_qwen3"
 
