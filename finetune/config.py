@@ -73,7 +73,7 @@ class FinetuneConfig:
     data: str | None = option(
         None,
         "Hub dataset id (streamed) or a local file or directory of them: a .txt file is one document, a .jsonl / "
-        ".json file one document per line, a .parquet file one per row",
+        ".json file one document per line, a .parquet file one per row (see --val-blocks for what is held out)",
         "data",
         required=True,
     )
@@ -81,9 +81,18 @@ class FinetuneConfig:
     data_split: str = option("train", "Hub dataset split", "data")
     text_field: str = option("text", "field holding the text in JSON-lines, parquet and Hub data", "data")
     seq_len: int = option(1024, "tokens per packed training block", "data")
-    val_blocks: int = option(64, "blocks of --seq-len tokens of held-out documents, for validation", "data")
+    val_blocks: int = option(
+        64,
+        "blocks of --seq-len tokens held out for validation, never trained on: whole documents (see "
+        "--val-interval), or, when the data is one document (a single .txt file), its last --val-blocks x "
+        "--seq-len tokens, training on the blocks before them",
+        "data",
+    )
     val_interval: int = option(
-        10, "every N-th document of the data, from the first, is held out until --val-blocks are filled", "data"
+        10,
+        "with data of several documents, every N-th document, from the first, is held out until --val-blocks are "
+        "filled",
+        "data",
     )
     shuffle_buffer: int = option(10_000, "documents in the streaming shuffle buffer (new order each epoch)", "data")
     block_shuffle_buffer: int = option(

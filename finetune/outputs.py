@@ -5,7 +5,7 @@ killed run never leaves half a checkpoint.
     OUT/checkpoints/step_00000500/   accelerate state: model, optimiser, schedule, random generators
     OUT/train_log.jsonl              one JSON object per log line or validation
     OUT/run_config.json              the run's settings, which a --resume must keep (`RESUMABLE_OPTIONS` aside)
-    OUT/validation_documents.jsonl   the held-out documents that validation reads (whole; training never does)
+    OUT/validation_documents.jsonl   the text validation reads: held-out documents, or a single one's end
     OUT/model/                       the final model (`save_pretrained`, remote code included) and tokenizer
 """
 

@@ -6,11 +6,13 @@ import math
 import pytest
 import torch
 from conftest import save_tiny_qwen3
-from finetune_fixtures import save_tiny_delta, tiny_run_args, write_corpus
+from finetune_fixtures import log_lines, save_tiny_delta, tiny_run_args, weights, write_corpus
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import finetune
+from delta_qwen3.corpus import python_docs_texts
 from delta_qwen3.errors import CommandError
+from delta_qwen3.texts import document_token_ids
 from finetune.config import parse_args
 from finetune.evaluation import validation_nll
 from finetune.optim import lr_factor, parameter_groups
@@ -80,6 +82,32 @@ def test_validation_shares_blocks_over_processes_and_runs_equal_batches(delta_ch
     assert total[0].item() == pytest.approx(whole[0].item(), rel=1e-6)
 
 
+# --- a single text file ------------------------------------------------------------------------------------------
+
+
+def test_a_single_text_file_trains_validates_on_its_end_and_resumes(tmp_path, delta_checkpoint, tokenizer):
+    """A .txt file is one document: the run validates on its last --val-blocks x --seq-len tokens (8 x 32), saves
+    them as text, trains on the blocks before them, and a resumed run ends where an uninterrupted one does."""
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text("\n\n".join(python_docs_texts()[:10]))  # about 18,000 tokens
+    options = ["--model", str(delta_checkpoint), "--max-steps", "2", "--eval-every", "2"]
+    assert finetune.main(tiny_run_args(text_file, tmp_path / "whole", *options, "--save-every", "0")) == 0
+    argv = tiny_run_args(text_file, tmp_path / "out", *options, "--save-every", "1")
+    assert finetune.main([*argv, "--stop-after-step", "1"]) == 0
+    assert finetune.main([*argv, "--resume"]) == 0
+
+    expected, resumed = weights(tmp_path / "whole" / "model"), weights(tmp_path / "out" / "model")
+    assert all(torch.equal(resumed[name], expected[name]) for name in expected)
+    (ids,) = document_token_ids(tokenizer, [text_file.read_text()])
+    model = DeltaQwen3ForCausalLM.from_pretrained(delta_checkpoint).eval()
+    totals = validation_nll(model, torch.tensor(ids[-8 * 32 :]).view(8, 32), 4, 0, 1, "cpu")
+    validations = [line for line in log_lines(tmp_path / "whole") if "val_loss" in line]
+    assert [line["step"] for line in validations] == [0, 2]
+    assert validations[0]["val_loss"] == pytest.approx((totals[0] / totals[1]).item(), rel=1e-6)
+    saved = (tmp_path / "whole" / "validation_documents.jsonl").read_text().splitlines()
+    assert len(saved) == 1 and text_file.read_text().endswith(json.loads(saved[0])["text"])
+
+
 # --- bad input ---------------------------------------------------------------------------------------------------
 
 
@@ -109,13 +137,23 @@ TEN_TOKENS = '{"text": "def f(): pass"}\n'  # nine tokens and the end-of-text to
             TEN_TOKENS * 10,
             [],
             "its held-out documents (every --val-interval 10th) have 10 tokens, and --val-blocks 8 of --seq-len 32 "
-            "need 256; lower --val-blocks or --val-interval",
+            "need 256; to fill them, give more documents",  # no option helps: all 10 documents hold 100 tokens
         ),
         # Training skips every copy of a held-out document: 30 copies of one text leave nothing to train on.
         (
             TEN_TOKENS * 30,
             ["--val-blocks", "1", "--seq-len", "8"],
-            "besides the 1 held-out documents, 0 tokens in 0 documents remain, and one optimiser step",
+            "besides the 1 held-out documents, 0 tokens in 0 documents remain, and one optimiser step on 1 "
+            "process(es) needs 32 tokens (--batch-size x --grad-accum x --seq-len per process) and a document per "
+            "process; to train, give more documents",
+        ),
+        (
+            TEN_TOKENS,
+            [],
+            "is too small: it is one document, so validation holds out its last --val-blocks 8 x --seq-len 32 "
+            "tokens, and of its 10 tokens that leaves 0 block(s) to train on, where one optimiser step on 1 "
+            "process(es) needs 4 (--batch-size x --grad-accum per process); to train, give more text (at least 384 "
+            "tokens)",
         ),
     ],
 )
