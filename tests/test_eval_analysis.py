@@ -8,13 +8,14 @@ import datasets
 import matplotlib.image
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_qwen3_config
 from test_eval import run_cli
 
 from delta_qwen3.corpus import python_docs_texts
-from eval.perplexity import perplexity
+from eval.perplexity import negative_log_likelihood, perplexity
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -79,11 +80,46 @@ def test_strided_perplexity_scores_each_token_once_with_its_windows_context(qwen
     )
 
 
+def one_window_at_a_time(model, ids: torch.Tensor, max_length: int, stride: int) -> tuple[float, int]:
+    """The reference: each window in a forward pass of its own, all its positions' logits, the tokens an earlier
+    window scored dropped; the summed negative log-likelihood and the tokens scored."""
+    total, count, scored_until = 0.0, 0, 1
+    for begin in range(0, len(ids) - 1, stride):
+        window = ids[begin : begin + max_length]
+        with torch.no_grad():
+            logits = model(input_ids=window[None]).logits[0, :-1]
+        nll = F.cross_entropy(logits, window[1:], reduction="none")[max(scored_until - begin - 1, 0) :]
+        total, count, scored_until = total + nll.sum().item(), count + len(nll), begin + len(window)
+        if scored_until == len(ids):
+            return total, count
+
+
+@pytest.mark.parametrize("max_length, stride", [(32, 12), (24, 24)])
+def test_windows_in_batches_give_the_totals_of_one_window_at_a_time(qwen3, tokenizer, texts, max_length, stride):
+    """Batches of up to 4 windows: the summed negative log-likelihood and the token count of one window at a time,
+    in fewer forward passes; the last, shorter window runs alone, unpadded."""
+    ids = stream(tokenizer, texts)
+    expected = one_window_at_a_time(qwen3, ids, max_length, stride)
+    shapes = []
+    hook = qwen3.register_forward_hook(lambda module, args, kwargs, output: shapes.append(kwargs["input_ids"].shape),
+                                       with_kwargs=True)  # fmt: skip
+    try:
+        total, count = negative_log_likelihood(qwen3, ids, max_length, stride, batch_size=4)
+    finally:
+        hook.remove()
+    assert count == expected[1] and total == pytest.approx(expected[0], rel=1e-5)
+    windows = math.ceil((len(ids) - max_length) / stride) + 1
+    last = len(ids) - (windows - 1) * stride
+    assert last < max_length  # the last window is shorter: it runs alone, unpadded
+    assert [tuple(shape) for shape in shapes[-1:]] == [(1, last)] and max(shape[0] for shape in shapes) == 4
+    assert sum(shape[0] for shape in shapes) == windows and len(shapes) < windows
+
+
 @pytest.mark.slow
 def test_ppl_command_reads_text_jsonl_and_hub_data_alike(qwen3, qwen3_checkpoint, tokenizer, texts, texts_jsonl,
                                                          tmp_path, monkeypatch):
     expected = perplexity(qwen3, tokenizer, texts, max_length=64, stride=32)
-    options = ["--max-length", "64", "--stride", "32", "--device", "cpu"]
+    options = ["--max-length", "64", "--stride", "32", "--batch-size", "3", "--device", "cpu"]
 
     output = tmp_path / "ppl.json"
     code, stdout, stderr = run_cli(["ppl", str(qwen3_checkpoint), "--data", str(texts_jsonl), "--output", str(output),
