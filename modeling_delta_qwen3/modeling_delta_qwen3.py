@@ -201,14 +201,22 @@ def _check_no_missing_layers(layers: nn.ModuleList) -> None:
         )
 
 
+def inductor_orders_out_variant_writes_right() -> bool:
+    """Whether this PyTorch's Inductor orders the kernels that read an out-variant op's output after the op: from
+    2.14 on (pytorch/pytorch#185509, fixed by #185873; `tests/test_inductor_mutation_order.py` checks both sides)."""
+    return torch.torch_version.TorchVersion(torch.__version__) >= (2, 14)
+
+
 def _check_vllm_compilation(config: DeltaQwen3Config) -> None:
-    """Refuse to be built for vLLM's compiled mode on the CPU in `delta_block` mode, where it computes wrong tokens
-    without an error: PyTorch 2.13's Inductor moves a kernel that reads a linear layer's output before vLLM's CPU
-    matrix product (which writes into a new buffer) has written it, and `delta_block`'s residual stream feeding
-    per-token routing is the pattern that triggers it (`tests/test_inductor_mutation_order.py`, docs/SERVING.md).
-    vLLM's eager mode computes the right tokens. Models are built by vLLM only with its own attention, which is how
-    this check knows vLLM is building it."""
+    """Refuse to be built for vLLM's compiled mode on the CPU in `delta_block` mode under PyTorch before 2.14, where
+    it computes wrong tokens without an error: Inductor moves kernels that read a linear layer's output before
+    vLLM's CPU matrix product (which writes into a new buffer) has written it, and `delta_block`'s residual stream
+    feeding per-token routing is the pattern that triggers it (docs/SERVING.md). vLLM's eager mode computes the
+    right tokens. Models are built by vLLM only with its own attention, which is how this check knows vLLM is
+    building it."""
     if config._attn_implementation != "vllm" or config.routing_mode != "delta_block":
+        return
+    if inductor_orders_out_variant_writes_right():
         return
     try:  # in a try block, so that Transformers does not require vLLM to load this file as remote code
         from vllm.config import CompilationMode, get_current_vllm_config_or_none
@@ -224,9 +232,9 @@ def _check_vllm_compilation(config: DeltaQwen3Config) -> None:
         and compilation.backend == "inductor"
     ):
         raise ValueError(
-            "DeltaQwen3 in routing_mode='delta_block' cannot be served by vLLM's compiled mode on the CPU: PyTorch's "
-            "Inductor miscompiles it there (wrong tokens, no error); serve it with --enforce-eager "
-            "(LLM(..., enforce_eager=True))"
+            f"DeltaQwen3 in routing_mode='delta_block' cannot be served by vLLM's compiled mode on the CPU with "
+            f"PyTorch {torch.__version__}: its Inductor miscompiles it there (wrong tokens, no error; fixed in "
+            "PyTorch 2.14); serve it with --enforce-eager (LLM(..., enforce_eager=True))"
         )
 
 

@@ -193,9 +193,9 @@ def test_default_mode_refuses_delta_block(checkpoints, tmp_path):
     with pytest.raises(AssertionError) as failure:
         run_vllm(token_runs({"delta_block": checkpoints["delta_block"]}), tmp_path, enforce_eager=False)
     assert (
-        "ValueError: DeltaQwen3 in routing_mode='delta_block' cannot be served by vLLM's compiled mode on the CPU: "
-        "PyTorch's Inductor miscompiles it there (wrong tokens, no error); serve it with --enforce-eager "
-        "(LLM(..., enforce_eager=True))\n"
+        "ValueError: DeltaQwen3 in routing_mode='delta_block' cannot be served by vLLM's compiled mode on the CPU "
+        "with PyTorch 2.13.0+cpu: its Inductor miscompiles it there (wrong tokens, no error; fixed in PyTorch 2.14); "
+        "serve it with --enforce-eager (LLM(..., enforce_eager=True))\n"
     ) in str(failure.value)
     assert not (tmp_path / "vllm-cache" / "torch_compile_cache").exists()
 
