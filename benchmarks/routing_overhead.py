@@ -391,7 +391,9 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--decode-shape", default="qwen3-0.6b", choices=list(DECODE_SHAPES))
-    parser.add_argument("--quick", action="store_true", help="short sequences and few repeats: a smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="short sequences, few repeats, one build order: a smoke run"
+    )
     parser.add_argument("--output", type=Path, help="write the results as JSON here")
     parser.add_argument("--variants", type=_names(labels), default=labels, help="comma-separated; Qwen3 always runs")
     parser.add_argument("--figures", type=_names(list(FIGURES)), default=list(FIGURES), help="comma-separated")
@@ -419,6 +421,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         keep_freed_memory=not args.system_allocator,
         variants=[VARIANTS[0]] + [variant for variant in VARIANTS[1:] if variant[0] in args.variants],
         figures=tuple(figure for figure in FIGURES if figure in args.figures),
+        build_orders=("qwen3_first",) if args.quick else ("qwen3_first", "variant_first"),
     )
     return settings, args.output
 

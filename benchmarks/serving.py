@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         args.shape, args.prompts, args.shortest, args.longest, args.new_tokens, args.rounds = "tiny", 4, 4, 16, 8, 1
     modes = args.modes.split(",")
     if "delta_block" in modes and not args.enforce_eager:
-        parser.error("delta_block refuses vLLM's compiled mode on the CPU (docs/SERVING.md): add --enforce-eager, "
-                     "or leave it out of --modes")
+        parser.error("delta_block refuses vLLM's compiled mode on the CPU under PyTorch before 2.14, which vLLM's CPU "
+                     "build pins (docs/SERVING.md): add --enforce-eager, or leave it out of --modes")
     if not args.vllm_python.exists():
         raise SystemExit(f"{args.vllm_python} does not exist: `make test` creates vLLM's environment")
     shape = SHAPES[args.shape]

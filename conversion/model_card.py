@@ -78,11 +78,11 @@ def _routing_table(config: DeltaQwen3Config) -> str:
 
 
 def _vllm_serving(config: DeltaQwen3Config, model_id: str) -> str:
-    """How to serve the checkpoint with vLLM; on the CPU, a `delta_block` checkpoint refuses vLLM's compiled mode,
-    which PyTorch's Inductor gets wrong there (docs/SERVING.md), and is served in eager mode."""
+    """How to serve the checkpoint with vLLM; on the CPU under PyTorch before 2.14, a `delta_block` checkpoint refuses
+    vLLM's compiled mode, which that Inductor gets wrong there (docs/SERVING.md), and is served in eager mode."""
     cpu = (
-        "\n\nOn the CPU add `--enforce-eager`: in `delta_block` mode the model refuses vLLM's compiled mode there, "
-        "which PyTorch's Inductor gets wrong."
+        "\n\nOn the CPU with PyTorch before 2.14 (vLLM's CPU builds up to 0.32 pin 2.13) add `--enforce-eager`: in "
+        "`delta_block` mode the model refuses vLLM's compiled mode there, which that PyTorch's Inductor gets wrong."
         if config.routing_mode == "delta_block" else ""
     )
     return f"""vLLM serves it through its Transformers modeling backend, with continuous batching and the OpenAI-compatible

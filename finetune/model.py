@@ -112,6 +112,15 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
         raise CommandError(f"invalid model configuration: {error}") from error
 
 
+def enable_activation_checkpointing(model: PreTrainedModel, **checkpoint_kwargs) -> None:
+    """Checkpoint every decoder layer, under the method's name in the installed Transformers: 5.25 renamed
+    `gradient_checkpointing_enable` to `activation_checkpointing_enable`, and the old name warns."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+
+
 def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTrainedModel:
     """The model with the parameters to train marked `requires_grad`; weights in float32, the optimiser's
     precision (mixed precision only changes the compute dtype)."""
@@ -121,7 +130,7 @@ def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTr
     else:
         model = model_class.from_pretrained(config.model, config=model_config, dtype=torch.float32)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model, use_reentrant=False)
     if config.freeze_base:
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(is_routing_parameter(name))

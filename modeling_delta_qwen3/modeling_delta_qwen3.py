@@ -351,7 +351,9 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
                 position_ids=position_ids,
                 **kwargs,
             )
-            layer_output = DecoderLayerOutput._make(result[: len(DecoderLayerOutput._fields)])
+            # A checkpointed layer returns its output's fields followed by its state's tensors; never slice the
+            # output itself, which PyTorch 2.6's Dynamo fails on.
+            layer_output = DecoderLayerOutput(*result[: len(DecoderLayerOutput._fields)]) if carried else result
             state = layer_output.state
             if carried:
                 state = state.with_carried(result[len(DecoderLayerOutput._fields) :])

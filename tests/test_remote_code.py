@@ -2,11 +2,13 @@
 Transformers but not this project (SPEC section 4)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from conftest import MODEL_CODE_FILES, last_json_line, run_without_project, save_random_delta
+from packaging.version import Version
 
 from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
 
@@ -71,6 +73,57 @@ def test_resaving_a_remote_code_model_keeps_it_loadable(tmp_path):
     with torch.no_grad():
         expected = model(torch.tensor(PROMPT)).logits
     torch.testing.assert_close(torch.tensor(report["logits"]), expected, atol=1e-5, rtol=0)
+
+
+# From 5.25 on, `from_pretrained` swaps layers for the `kernels` package's by default (`use_kernels`); Transformers
+# requires that package then, and says so itself when it is missing.
+KERNELS_BY_DEFAULT = Version(transformers.__version__).release >= (5, 25)
+
+LOAD_WITH_KERNEL_OPTIONS = """
+import json, sys, torch, traceback
+if {without_kernels}:
+    sys.modules["kernels"] = None  # as if the package were not installed: importing it fails, and find_spec is None
+from transformers import AutoModelForCausalLM
+report = {{}}
+for name, option in {{"default": {{}}, "off": {{"use_kernels": False}}, "on": {{"use_kernels": True}}}}.items():
+    try:
+        model = AutoModelForCausalLM.from_pretrained("{path}", trust_remote_code=True, **option).eval()
+    except Exception as error:
+        raised_in = traceback.extract_tb(error.__traceback__)[-1].filename
+        report[name] = {{"error": f"{{type(error).__name__}}: {{error}}", "raised_in": raised_in}}
+        continue
+    with torch.no_grad():
+        logits = model(torch.tensor({prompt})).logits
+    report[name] = {{"use_kernels": model.use_kernels, "logits": logits.tolist()}}
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_loads_with_kernels_on_and_off(tmp_path):
+    """`use_kernels` on and off (the CPU has no kernel for any of the model's layers, so the logits are the same):
+    the option is taken as Transformers takes it for its own models."""
+    model = save_random_delta(tmp_path / "model", "delta_block")
+    code = LOAD_WITH_KERNEL_OPTIONS.format(without_kernels=False, path=tmp_path / "model", prompt=PROMPT)
+    report = last_json_line(run_without_project(code, cwd=tmp_path).stdout)
+    with torch.no_grad():
+        expected = model(torch.tensor(PROMPT)).logits
+    for name, use_kernels in {"default": KERNELS_BY_DEFAULT, "off": False, "on": True}.items():
+        assert report[name]["use_kernels"] is use_kernels, name
+        torch.testing.assert_close(torch.tensor(report[name]["logits"]), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_without_the_kernels_package_the_error_is_transformers_own(tmp_path):
+    save_random_delta(tmp_path / "model", "delta")
+    code = LOAD_WITH_KERNEL_OPTIONS.format(without_kernels=True, path=tmp_path / "model", prompt=PROMPT)
+    report = last_json_line(run_without_project(code, cwd=tmp_path).stdout)
+    assert "logits" in report["off"]
+    refused = ["on", "default"] if KERNELS_BY_DEFAULT else ["on"]
+    for name in refused:
+        assert "transformers" in Path(report[name]["raised_in"]).parts, report[name]  # not the model's code
+        assert report[name]["error"].startswith("ValueError: ") and "kernels" in report[name]["error"], report[name]
+    assert ("logits" in report["default"]) is not KERNELS_BY_DEFAULT
 
 
 def test_project_is_really_blocked_in_the_isolated_process(tmp_path):

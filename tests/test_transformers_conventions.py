@@ -23,6 +23,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
 from conversion import convert, verify
+from finetune.model import enable_activation_checkpointing
 from modeling_delta_qwen3 import DeltaQwen3Model
 from modeling_delta_qwen3.modeling_delta_qwen3 import CACHE_NAME
 
@@ -117,14 +118,14 @@ def test_past_key_values_argument_warns_as_for_qwen3():
 
 
 def test_decoder_layers_are_checkpointed_by_transformers():
-    """`gradient_checkpointing_enable` checkpoints each decoder layer once per forward pass, through Transformers'
+    """Activation checkpointing checkpoints each decoder layer once per forward pass, through Transformers'
     `GradientCheckpointingLayer`, and the layers then keep only their inputs for backward: checkpointing saves
     memory (the gradients equal the unchecked run's: `test_modeling.test_gradient_checkpointing_same_loss_and_gradients`)."""
     model = random_model("delta", gated=True).train()
     ids = token_ids(seq=32)
     assert all(isinstance(layer, GradientCheckpointingLayer) for layer in model.model.layers)
     saved_plain = _saved_bytes(model, ids)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model, use_reentrant=False)
     calls = []
     for layer in model.model.layers:
         checkpoint = layer._gradient_checkpointing_func
@@ -150,7 +151,7 @@ def _saved_bytes(model, ids) -> int:
 
 def test_buffer_routing_refuses_checkpointed_layers():
     model = random_model("delta").train()
-    model.gradient_checkpointing_enable()
+    enable_activation_checkpointing(model)
     model.set_routing_implementation("buffer")
     with pytest.raises(ValueError, match="routing_implementation='buffer' cannot route layers that gradient "
                                          "checkpointing recomputes.*use 'compiled'"):

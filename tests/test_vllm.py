@@ -141,12 +141,16 @@ def test_zeroed_routing_changes_the_tokens(checkpoints):
         assert tokens != [greedy_new_tokens(without_routing(model), prompt) for prompt in PROMPTS], mode
 
 
-# Per vLLM mode, a delta and an AttnRes mode, each in one 16-bit dtype: an engine start per pair, compiling most of
-# the default mode's time. The default mode refuses delta_block on the CPU (test_default_mode_refuses_delta_block).
+# Per vLLM mode, an engine start per pair (compiling is most of the default mode's time): in eager mode a delta and
+# an AttnRes mode, each in one 16-bit dtype; in the default mode, one. The default mode refuses delta_block on the CPU
+# (test_default_mode_refuses_delta_block).
 HALF_PRECISION_RUNS = {
-    "default": (("delta", "bfloat16"), ("attnres_full", "float16")),
+    "default": (("delta", "bfloat16"),),
     "eager": (("delta_block", "bfloat16"), ("attnres_full", "float16")),
 }
+# Compiled by vLLM's default mode: a delta mode and an AttnRes mode (the block one, whose sources change within a
+# layer), and the control; eager mode serves every mode.
+COMPILED = ("delta", "attnres_block", "qwen3")
 
 
 def half_precision_runs(checkpoints: dict, vllm_mode: str) -> list[dict]:
@@ -168,11 +172,11 @@ def test_greedy_tokens_equal_generate_in_default_and_eager_modes(checkpoints, se
     """Every routing mode and the plain Qwen3 control (served by vLLM's own Qwen3), in float32: the same tokens and
     prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch; in bfloat16 or
     float16 (a delta mode in one, an AttnRes mode in the other), prompt log-probabilities close to float32's. In
-    eager mode (the routing through the buffer), where blocks of several layers are served too, and in vLLM's
-    default mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the "compiled"
-    routing implementation), every mode but delta_block, which refuses it on the CPU. The two engines run side by
-    side: compiling is most of the default mode's time, and it leaves the other core to the eager one."""
-    compiled = {name: made for name, made in checkpoints.items() if name != "delta_block"}
+    eager mode (the routing through the buffer), every mode, and blocks of several layers too; in vLLM's default
+    mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the "compiled" routing
+    implementation), `COMPILED` (delta_block refuses it on the CPU). The two engines run side by side: compiling is
+    most of the default mode's time, and it leaves the other core to the eager one."""
+    compiled = {name: checkpoints[name] for name in COMPILED}
     served = {"default": compiled, "eager": checkpoints | several_layers_per_block}
     with concurrent.futures.ThreadPoolExecutor(len(served)) as pool:
         futures = {
