@@ -73,8 +73,9 @@ $(VLLM_ENV)/.installed: Makefile
 	touch $@
 
 # Two test processes: much of the suite's time is single-threaded (compiling, starting interpreters), so two
-# processes keep both cores busy where one left one idle.
-PYTEST := $(PY) -m pytest -q -n 2 --dist worksteal
+# processes keep both cores busy where one left one idle. Each process, and what it starts, computes on one thread:
+# PyTorch's default of one thread per core would put twice as many threads as cores to spin against each other.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal
 
 test: install $(OLDEST)/.installed $(NEWEST_TORCH)/.installed $(VLLM_ENV)/.installed $(FLA_ENV)/.installed
 	$(PYTEST)
