@@ -9,7 +9,7 @@ and only those with more than one source; the paper: about 0.62 for Delta Block,
 import torch
 
 from delta_qwen3.errors import CommandError
-from delta_qwen3.sharpness import mean_max_weights
+from delta_qwen3.sharpness import depth_bands, mean_max_weights, normalised_sharpness
 from delta_qwen3.texts import token_stream
 
 
@@ -24,7 +24,8 @@ def _point_names(num_layers: int, num_points: int) -> list[tuple[int, str]]:
 
 
 def _summary(points: list[dict]) -> dict:
-    """The model's figures: both mean-max-weight variants and the mean entropy over all points."""
+    """The model's figures: both mean-max-weight variants, the mean entropy over all points, and the sharpness of
+    the early, middle and late multi-source points (`delta_qwen3.sharpness.depth_bands`)."""
     sharpness = mean_max_weights(
         torch.tensor([point["mean_max_weight"] for point in points], dtype=torch.float64),
         [point["num_sources"] for point in points],
@@ -32,6 +33,7 @@ def _summary(points: list[dict]) -> dict:
     return {
         **{name: None if value is None else value.item() for name, value in sharpness.items()},
         "mean_entropy": sum(point["mean_entropy"] for point in points) / len(points),
+        "bands": depth_bands(points),
     }
 
 
@@ -40,8 +42,8 @@ def routing_statistics(model, tokenizer, texts: list[str], max_length: int = 102
     """Routing sharpness of `model` over `texts`, read in consecutive windows of `max_length` tokens.
 
     Returns `{"routing_mode", "num_layers", "num_tokens", "points": [{"sublayer", "name", "num_sources",
-    "mean_max_weight", "mean_entropy", "mean_weights"}], "mean_max_weight", "mean_max_weight_multi_source",
-    "mean_entropy"}`.
+    "mean_max_weight", "mean_entropy", "max_above_uniform", "entropy_sharpness", "mean_weights"}],
+    "mean_max_weight", "mean_max_weight_multi_source", "mean_entropy", "bands"}`.
     """
     routing_mode = getattr(model.config, "routing_mode", None)
     if routing_mode is None:
@@ -73,6 +75,7 @@ def routing_statistics(model, tokenizer, texts: list[str], max_length: int = 102
             "num_sources": len(weight_sums[point]),
             "mean_max_weight": max_sums[point] / num_tokens,
             "mean_entropy": entropy_sums[point] / num_tokens,
+            **normalised_sharpness(max_sums[point] / num_tokens, entropy_sums[point] / num_tokens, len(weight_sums[point])),
             "mean_weights": (weight_sums[point] / num_tokens).tolist(),
         }
         for point, (sublayer, name) in enumerate(names)

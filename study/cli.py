@@ -13,7 +13,7 @@ from finetune.presets import PRESETS
 from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
 
 from .grid import expand_grid
-from .report import format_table, paired_with_baseline, summarise, write_pictures
+from .report import format_band_table, format_table, paired_comparisons, summarise, write_pictures
 from .runs import StudySettings, finished_result, run_one
 
 RESULTS_NAME = "results.json"
@@ -33,7 +33,7 @@ def register(subparsers) -> None:
         "Runs already finished are read back; a killed run resumes from its checkpoint: run the same command again.",
     )
     study.add_argument("--out", type=Path, required=True, help="study directory (one subdirectory per run)")
-    study.add_argument("--modes", nargs="+", choices=MODES, default=["baseline", "delta_block", "delta", "attnres_block"])
+    study.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     study.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16], help="numbers of layers")
     study.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     study.add_argument("--num-blocks", nargs="+", type=int, default=[4], help="block counts of the block modes")
@@ -87,10 +87,11 @@ def run_study(args: argparse.Namespace) -> int:
         for index, run in enumerate(runs, start=1):
             print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
             results.append(run_one(run, settings))
-    summary, paired = summarise(results), paired_with_baseline(results)
+    summary, paired = summarise(results), paired_comparisons(results)
     print(format_table(summary, paired))
+    print(format_band_table(summary))
     write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,
-                                         "paired_with_baseline": paired, "runs": results})  # fmt: skip
-    for path in write_pictures(summary, results, args.out):
+                                         "paired": paired, "runs": results})  # fmt: skip
+    for path in write_pictures(summary, paired, results, args.out):
         print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,5 +1,6 @@
 """A study's results: per group (mode, block count, depth) the mean and spread over seeds, as one JSON, a printed
-table and pictures (perplexity and routing sharpness against depth, validation loss curves)."""
+table and pictures (perplexity and routing sharpness per depth band against depth, paired differences between
+modes, validation loss curves)."""
 
 import statistics
 from pathlib import Path
@@ -10,8 +11,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from delta_qwen3.atomic import atomic_output  # noqa: E402
+from delta_qwen3.sharpness import BAND_FIGURES, DEPTH_BANDS  # noqa: E402
 
 FIGURES = ("val_ppl", "mean_max_weight_multi_source", "mean_max_weight", "tokens_per_s")
+# Each delta mode's AttnRes counterpart: the same sources' routing without the residual stream, the paper's
+# comparison.
+COUNTERPARTS = {"delta": "attnres_full", "delta_block": "attnres_block"}
 
 
 def _spread(values: list[float]) -> dict:
@@ -20,7 +25,8 @@ def _spread(values: list[float]) -> dict:
 
 
 def summarise(results: list[dict]) -> dict[str, dict]:
-    """group -> {mode, num_blocks, layers, seeds, and the spread of each figure over the group's seeds}."""
+    """group -> {mode, num_blocks, layers, seeds, the spread of each figure over the group's seeds, and `bands`:
+    band -> figure -> spread, for the routing sharpness per depth band}."""
     groups: dict[str, list[dict]] = {}
     for result in results:
         groups.setdefault(result["group"], []).append(result)
@@ -33,50 +39,98 @@ def summarise(results: list[dict]) -> dict[str, dict]:
             values = [m[figure] for m in members if m.get(figure) is not None]
             if values:
                 entry[figure] = _spread(values)
+        bands = {band: {figure: _spread([m["bands"][band][figure] for m in members]) for figure in BAND_FIGURES}
+                 for band in DEPTH_BANDS if all(band in m.get("bands", {}) for m in members)}  # fmt: skip
+        if bands:
+            entry["bands"] = bands
         summary[group] = entry
     return summary
 
 
-def paired_with_baseline(results: list[dict]) -> dict[str, dict]:
-    """group -> its validation perplexity relative to the baseline's of the same depth and seed, `ppl / ppl_baseline
-    - 1` per seed the two share (negative: better), with their mean and how many are below zero. Seeds fix the
-    initialisation and the data order alike, so a pair differs in its routing only and the seed spread, larger than
-    the modes' differences at small budgets, cancels."""
-    baseline = {(r["layers"], r["seed"]): r["val_ppl"] for r in results if r["mode"] == "baseline"}
-    paired: dict[str, list[float]] = {}
-    for result in results:
-        key = (result["layers"], result["seed"])
-        if result["mode"] != "baseline" and key in baseline:
-            paired.setdefault(result["group"], []).append(result["val_ppl"] / baseline[key] - 1)
-    return {group: {"relative_differences": values, "mean": statistics.fmean(values),
-                    "below_baseline": sum(value < 0 for value in values), "pairs": len(values)}
-            for group, values in paired.items()}  # fmt: skip
+def _against(result: dict) -> list[tuple[str, int | None]]:
+    """The (mode, block count) each run is compared with: the baseline, and its AttnRes counterpart if it has one."""
+    if result["mode"] == "baseline":
+        return []
+    counterpart = COUNTERPARTS.get(result["mode"])
+    return [("baseline", None)] + ([(counterpart, result["num_blocks"])] if counterpart else [])
 
 
-def format_table(summary: dict[str, dict], paired: dict[str, dict]) -> str:
-    """One row per group: perplexity mean ± std over seeds, the mean paired difference from the baseline (and in how
-    many seeds it is below), routing sharpness, tokens/s."""
-    rows = [["mode", "layers", "seeds", "val ppl", "vs baseline, paired", "mean max weight (multi-source)",
-             "tokens/s"]]  # fmt: skip
-    for group, entry in sorted(summary.items(), key=lambda e: (e[1]["layers"], e[1]["mode"], e[1]["num_blocks"] or 0)):
-        mode = entry["mode"] + (f" ({entry['num_blocks']} blocks)" if entry["num_blocks"] else "")
-        sharp, pair = entry.get("mean_max_weight_multi_source"), paired.get(group)
-        versus = "-" if pair is None else f"{100 * pair['mean']:+.1f} % ({pair['below_baseline']}/{pair['pairs']} below)"
-        rows.append([mode, str(entry["layers"]), str(len(entry["seeds"])),
-                     f"{entry['val_ppl']['mean']:.2f} ± {entry['val_ppl']['std']:.2f}", versus,
-                     "-" if sharp is None else f"{sharp['mean']:.3f} ± {sharp['std']:.3f}",
-                     f"{entry['tokens_per_s']['mean']:.0f}"])  # fmt: skip
+def paired_comparisons(results: list[dict]) -> dict[str, dict]:
+    """"GROUP vs GROUP" -> each mode against the baseline and against its AttnRes counterpart of the same depth
+    (and block count): per seed the two share, `ppl / ppl_other - 1` (negative: the first is better), their mean
+    and how many are below zero. Seeds fix the initialisation and the data order alike, so a pair differs in its
+    routing only and the seed spread, larger than the modes' differences at small budgets, cancels."""
+    ppl = {(r["mode"], r["num_blocks"], r["layers"], r["seed"]): r["val_ppl"] for r in results}
+    groups = {(r["mode"], r["num_blocks"], r["layers"]): r["group"] for r in results}
+    paired: dict[str, dict] = {}
+    for result in sorted(results, key=lambda r: r["seed"]):
+        for mode, blocks in _against(result):
+            other = ppl.get((mode, blocks, result["layers"], result["seed"]))
+            if other is None:
+                continue
+            name = f"{result['group']} vs {groups[mode, blocks, result['layers']]}"
+            entry = paired.setdefault(name, {"mode": result["mode"], "against": mode, "num_blocks": result["num_blocks"],
+                                             "layers": result["layers"], "seeds": [], "relative_differences": []})  # fmt: skip
+            entry["seeds"].append(result["seed"])
+            entry["relative_differences"].append(result["val_ppl"] / other - 1)
+    for entry in paired.values():
+        differences = entry["relative_differences"]
+        entry |= {"mean": statistics.fmean(differences), "below": sum(d < 0 for d in differences),
+                  "pairs": len(differences)}  # fmt: skip
+    return paired
+
+
+def _label(entry: dict) -> str:
+    return entry["mode"] + (f" ({entry['num_blocks']} blocks)" if entry["num_blocks"] else "")
+
+
+def _versus(paired: dict[str, dict], group: str, against: str) -> str:
+    pair = next((p for name, p in paired.items() if name.startswith(f"{group} vs ") and p["against"] == against), None)
+    return "-" if pair is None else f"{100 * pair['mean']:+.1f} % ({pair['below']}/{pair['pairs']} below)"
+
+
+def _in_order(summary: dict[str, dict]) -> list[tuple[str, dict]]:
+    return sorted(summary.items(), key=lambda e: (e[1]["layers"], e[1]["mode"], e[1]["num_blocks"] or 0))
+
+
+def _columns(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(" | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows)
 
 
-def _series(summary: dict[str, dict], figure: str) -> dict[str, list[tuple[int, dict]]]:
-    """label -> [(layers, spread)] sorted by depth, for the groups that have `figure`."""
+def format_table(summary: dict[str, dict], paired: dict[str, dict]) -> str:
+    """One row per group: perplexity mean ± std over seeds, the mean paired difference from the baseline and from
+    the AttnRes counterpart (and in how many seeds it is below), routing sharpness, tokens/s."""
+    rows = [["mode", "layers", "seeds", "val ppl", "vs baseline, paired", "vs AttnRes counterpart, paired",
+             "mean max weight (multi-source)", "tokens/s"]]  # fmt: skip
+    for group, entry in _in_order(summary):
+        sharp = entry.get("mean_max_weight_multi_source")
+        rows.append([_label(entry), str(entry["layers"]), str(len(entry["seeds"])),
+                     f"{entry['val_ppl']['mean']:.2f} ± {entry['val_ppl']['std']:.2f}",
+                     _versus(paired, group, "baseline"), _versus(paired, group, COUNTERPARTS.get(entry["mode"], "")),
+                     "-" if sharp is None else f"{sharp['mean']:.3f} ± {sharp['std']:.3f}",
+                     f"{entry['tokens_per_s']['mean']:.0f}"])  # fmt: skip
+    return _columns(rows)
+
+
+def format_band_table(summary: dict[str, dict]) -> str:
+    """One row per routed group: per depth band, the raw mean max weight and the two figures comparable across
+    source counts (`delta_qwen3.sharpness`), means over seeds."""
+    rows = [["mode", "layers", *(f"{band}: max / max above uniform / 1 - H/log n" for band in DEPTH_BANDS)]]
+    for _, entry in _in_order(summary):
+        if "bands" in entry:
+            cells = [" / ".join(f"{entry['bands'][band][figure]['mean']:.3f}" for figure in BAND_FIGURES)
+                     for band in DEPTH_BANDS]  # fmt: skip
+            rows.append([_label(entry), str(entry["layers"]), *cells])
+    return _columns(rows)
+
+
+def _series(summary: dict[str, dict], pick) -> dict[str, list[tuple[int, dict]]]:
+    """label -> [(layers, spread)] sorted by depth, for the groups where `pick(entry)` gives a spread."""
     lines: dict[str, list] = {}
     for entry in summary.values():
-        if figure in entry:
-            label = entry["mode"] + (f" ({entry['num_blocks']} blocks)" if entry["num_blocks"] else "")
-            lines.setdefault(label, []).append((entry["layers"], entry[figure]))
+        if (spread := pick(entry)) is not None:
+            lines.setdefault(_label(entry), []).append((entry["layers"], spread))
     return {label: sorted(points, key=lambda p: p[0]) for label, points in sorted(lines.items())}
 
 
@@ -87,10 +141,9 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
-def plot_against_depth(summary: dict[str, dict], figure_name: str, ylabel: str, path: Path) -> Path:
+def _draw_against_depth(axis, summary: dict[str, dict], pick, ylabel: str) -> None:
     """One line per mode: the seeds' mean against depth, the bars spanning their min to max."""
-    figure, axis = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
-    for label, points in _series(summary, figure_name).items():
+    for label, points in _series(summary, pick).items():
         depths = [layers for layers, _ in points]
         means = [spread["mean"] for _, spread in points]
         low = [spread["mean"] - spread["min"] for _, spread in points]
@@ -100,7 +153,48 @@ def plot_against_depth(summary: dict[str, dict], figure_name: str, ylabel: str, 
     axis.set_xticks(sorted({entry["layers"] for entry in summary.values()}))
     axis.set_ylabel(ylabel)
     axis.grid(alpha=0.3)
+
+
+def plot_perplexity(summary: dict[str, dict], path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    _draw_against_depth(axis, summary, lambda entry: entry["val_ppl"], "validation perplexity")
     axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def plot_sharpness_by_band(summary: dict[str, dict], path: Path) -> Path:
+    """Routing sharpness against depth, one column per depth band: the raw mean max weight above, below
+    `1 - entropy / log n`, which is comparable across source counts (0 uniform, 1 one source)."""
+    rows = (("mean_max_weight", "mean max weight"), ("entropy_sharpness", "1 - entropy / log n"))
+    figure, axes = plt.subplots(len(rows), len(DEPTH_BANDS), figsize=(12, 7), sharey="row", constrained_layout=True)
+    for row, (name, ylabel) in zip(axes, rows):
+        for axis, band in zip(row, DEPTH_BANDS):
+            _draw_against_depth(axis, summary, lambda entry: entry.get("bands", {}).get(band, {}).get(name), ylabel)
+            axis.set_title(f"{band} routing points", fontsize=10)
+    axes[0][-1].legend(fontsize=8)
+    return _save(figure, path)
+
+
+def plot_paired_differences(paired: dict[str, dict], path: Path) -> Path:
+    """One panel per comparison: each seed's relative perplexity difference (a dot) and their mean (a line)
+    against depth; below zero, the first mode is better."""
+    comparisons: dict[str, list[dict]] = {}
+    for entry in paired.values():
+        comparisons.setdefault(f"{_label(entry)} vs {entry['against']}", []).append(entry)
+    figure, axes = plt.subplots(1, len(comparisons), figsize=(3.6 * len(comparisons), 3.6), squeeze=False,
+                                sharey=True, constrained_layout=True)  # fmt: skip
+    for axis, (title, entries) in zip(axes[0], sorted(comparisons.items())):
+        entries = sorted(entries, key=lambda e: e["layers"])
+        for entry in entries:
+            axis.scatter([entry["layers"]] * entry["pairs"], [100 * d for d in entry["relative_differences"]],
+                         color="tab:blue", alpha=0.6, s=18)  # fmt: skip
+        axis.plot([e["layers"] for e in entries], [100 * e["mean"] for e in entries], color="tab:blue", marker="_")
+        axis.axhline(0, color="black", linewidth=0.8)
+        axis.set_xticks(sorted({e["layers"] for e in entries}))
+        axis.set_title(title, fontsize=9)
+        axis.set_xlabel("layers")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validation perplexity difference, % (paired by seed)")
     return _save(figure, path)
 
 
@@ -126,10 +220,11 @@ def plot_loss_curves(results: list[dict], path: Path) -> Path:
     return _save(figure, path)
 
 
-def write_pictures(summary: dict[str, dict], results: list[dict], out: Path) -> list[Path]:
+def write_pictures(summary: dict[str, dict], paired: dict[str, dict], results: list[dict], out: Path) -> list[Path]:
+    """The pictures, but the paired differences' when no two modes share a depth and seed."""
     return [
-        plot_against_depth(summary, "val_ppl", "validation perplexity", out / "ppl_vs_depth.png"),
-        plot_against_depth(summary, "mean_max_weight_multi_source", "mean max routing weight (multi-source)",
-                           out / "routing_sharpness_vs_depth.png"),  # fmt: skip
+        plot_perplexity(summary, out / "ppl_vs_depth.png"),
+        plot_sharpness_by_band(summary, out / "routing_sharpness_by_band.png"),
+        *([plot_paired_differences(paired, out / "paired_differences.png")] if paired else []),
         plot_loss_curves(results, out / "val_loss_curves.png"),
     ]

@@ -67,7 +67,8 @@ def train(run: Run, settings: StudySettings, directory: Path) -> None:
 
 def score(run: Run, settings: StudySettings, directory: Path) -> dict:
     """Validation perplexity (windows of the training block length, no overlap) and routing sharpness on the
-    held-out documents, the run's mean training tokens/s and its validation loss curve."""
+    held-out documents (the model's figures, per depth band and per routing point), the run's mean training
+    tokens/s and its validation loss curve."""
     train_dir = directory / "train"
     texts = read_texts(settings.validation_data or str(validation_documents_path(train_dir)),
                        option="--validation-data")  # fmt: skip
@@ -77,7 +78,8 @@ def score(run: Run, settings: StudySettings, directory: Path) -> dict:
               "val_ppl": perplexity(model, tokenizer, texts, max_length=length, stride=length)}  # fmt: skip
     if run.mode != "baseline":
         stats = routing_statistics(model, tokenizer, texts, max_length=length)
-        result |= {key: stats[key] for key in ("mean_max_weight", "mean_max_weight_multi_source", "mean_entropy")}
+        result |= {key: stats[key] for key in ("mean_max_weight", "mean_max_weight_multi_source", "mean_entropy", "bands")}
+        result["points"] = [{key: value for key, value in point.items() if key != "mean_weights"} for point in stats["points"]]
     log = [json.loads(line) for line in log_path(train_dir).read_text().splitlines()]
     speeds = [line["tokens_per_s"] for line in log if "tokens_per_s" in line]
     result["tokens_per_s"] = sum(speeds) / len(speeds)

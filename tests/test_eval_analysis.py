@@ -262,6 +262,14 @@ def test_routing_command_writes_statistics_matching_the_models_routing_weights(r
         assert stats["mean_entropy"] == pytest.approx(sum(expected["entropy"]) / len(expected["entropy"]), abs=1e-9)
         multi = [m for m, n in zip(expected["max"], expected["num_sources"]) if n > 1]
         assert stats["mean_max_weight_multi_source"] == pytest.approx(sum(multi) / len(multi), abs=1e-9)
+        for point, n, entropy in zip(stats["points"], expected["num_sources"], expected["entropy"]):
+            assert point["entropy_sharpness"] == (None if n == 1 else pytest.approx(1 - entropy / math.log(n), abs=1e-6))
+        multi = [p for p in stats["points"] if p["num_sources"] > 1]
+        thirds = [multi[: -(-len(multi) // 3)], multi[-(-len(multi) // 3) : len(multi) - len(multi) // 3],
+                  multi[len(multi) - len(multi) // 3 :]]  # fmt: skip
+        for band, members in zip(("early", "middle", "late"), thirds, strict=True):
+            assert stats["bands"][band]["entropy_sharpness"] == pytest.approx(
+                sum(p["entropy_sharpness"] for p in members) / len(members), abs=1e-12)
         # Random queries make routing clearly sharper than uniform at some multi-source point.
         assert any(p["mean_max_weight"] > 1.2 / p["num_sources"] for p in stats["points"] if p["num_sources"] > 1)
 

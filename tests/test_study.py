@@ -12,7 +12,7 @@ from finetune_fixtures import write_corpus
 
 from delta_qwen3.cli import main
 from study.grid import Run, expand_grid
-from study.report import format_table, paired_with_baseline, summarise
+from study.report import format_band_table, format_table, paired_comparisons, summarise
 
 
 def test_the_grid_gives_block_counts_to_the_block_modes_only():
@@ -34,22 +34,52 @@ def test_the_summary_is_the_mean_and_spread_over_seeds():
     assert "11.00 ± 1.41" in format_table(summarise(results), {}).splitlines()[1]
 
 
-def test_each_mode_is_paired_with_the_baseline_of_its_depth_and_seed():
-    def result(mode, layers, seed, ppl):
-        return {"mode": mode, "num_blocks": None, "layers": layers, "seed": seed, "group": f"{mode}-L{layers}",
-                "val_ppl": ppl, "tokens_per_s": 1.0}  # fmt: skip
+def test_each_mode_is_paired_with_the_baseline_and_its_attnres_counterpart_of_its_depth_and_seed():
+    def result(mode, layers, seed, ppl, blocks=None):
+        group = f"{mode}{f'-b{blocks}' if blocks else ''}-L{layers}"
+        return {"mode": mode, "num_blocks": blocks, "layers": layers, "seed": seed, "group": group, "val_ppl": ppl,
+                "tokens_per_s": 1.0}  # fmt: skip
 
     results = [result("baseline", 4, 0, 100.0), result("baseline", 4, 1, 200.0), result("baseline", 8, 0, 50.0),
                result("delta", 4, 0, 90.0), result("delta", 4, 1, 210.0), result("delta", 8, 0, 40.0),
-               result("delta", 8, 1, 45.0)]  # fmt: skip
-    paired = paired_with_baseline(results)
-    assert set(paired) == {"delta-L4", "delta-L8"}  # seed 1 at 8 layers has no baseline to pair with
-    assert paired["delta-L4"]["relative_differences"] == pytest.approx([-0.1, 0.05])
-    assert paired["delta-L4"]["mean"] == pytest.approx(-0.025) and paired["delta-L4"]["below_baseline"] == 1
-    assert paired["delta-L8"] == {"relative_differences": [pytest.approx(-0.2)], "mean": pytest.approx(-0.2),
-                                  "below_baseline": 1, "pairs": 1}  # fmt: skip
+               result("delta", 8, 1, 45.0), result("attnres_full", 4, 1, 175.0), result("attnres_full", 4, 0, 75.0),
+               result("delta_block", 4, 0, 80.0, 2), result("attnres_block", 4, 0, 64.0, 2),
+               result("attnres_block", 4, 0, 100.0, 4)]  # fmt: skip
+    paired = paired_comparisons(results)
+    # Seed 1 at 8 layers has no baseline to pair with; a block mode meets its counterpart of the same block count.
+    assert set(paired) == {"delta-L4 vs baseline-L4", "delta-L8 vs baseline-L8", "delta-L4 vs attnres_full-L4",
+                           "attnres_full-L4 vs baseline-L4", "delta_block-b2-L4 vs baseline-L4",
+                           "delta_block-b2-L4 vs attnres_block-b2-L4", "attnres_block-b2-L4 vs baseline-L4",
+                           "attnres_block-b4-L4 vs baseline-L4"}  # fmt: skip
+    versus_baseline = paired["delta-L4 vs baseline-L4"]
+    assert versus_baseline["relative_differences"] == pytest.approx([-0.1, 0.05]) and versus_baseline["seeds"] == [0, 1]
+    assert versus_baseline["mean"] == pytest.approx(-0.025) and versus_baseline["below"] == 1
+    assert paired["delta-L8 vs baseline-L8"] == {"mode": "delta", "against": "baseline", "num_blocks": None,
+                                                 "layers": 8, "seeds": [0], "relative_differences": [pytest.approx(-0.2)],
+                                                 "mean": pytest.approx(-0.2), "below": 1, "pairs": 1}  # fmt: skip
+    # Seeds in order whatever the order of the results: 90/75 and 210/175.
+    assert paired["delta-L4 vs attnres_full-L4"]["relative_differences"] == pytest.approx([0.2, 0.2])
+    assert paired["delta-L4 vs attnres_full-L4"]["below"] == 0
+    assert paired["delta_block-b2-L4 vs attnres_block-b2-L4"]["relative_differences"] == pytest.approx([0.25])
     rows = format_table(summarise(results), paired).splitlines()
-    assert "-2.5 % (1/2 below)" in next(row for row in rows if row.startswith("delta ") and "| 4 " in row)
+    delta_row = next(row for row in rows if row.startswith("delta ") and "| 4 " in row)
+    assert "-2.5 % (1/2 below)" in delta_row and "+20.0 % (0/2 below)" in delta_row
+
+
+def test_the_sharpness_per_depth_band_is_summarised_over_seeds():
+    def result(seed, late):
+        bands = {band: {"mean_max_weight": 0.5, "max_above_uniform": 0.25, "entropy_sharpness": 0.1}
+                 for band in ("early", "middle")}  # fmt: skip
+        bands["late"] = {"mean_max_weight": late, "max_above_uniform": 0.5, "entropy_sharpness": 0.3}
+        return {"mode": "delta", "num_blocks": None, "layers": 4, "seed": seed, "group": "delta-L4", "val_ppl": 10.0,
+                "tokens_per_s": 1.0, "bands": bands}  # fmt: skip
+
+    entry = summarise([result(0, 0.4), result(1, 0.6)])["delta-L4"]
+    assert entry["bands"]["late"]["mean_max_weight"]["mean"] == pytest.approx(0.5)
+    assert entry["bands"]["early"]["entropy_sharpness"]["values"] == [0.1, 0.1]
+    row = format_band_table(summarise([result(0, 0.4)])).splitlines()[1]
+    assert [cell.strip() for cell in row.split(" | ")[2:]] == [
+        "0.500 / 0.250 / 0.100", "0.500 / 0.250 / 0.100", "0.400 / 0.500 / 0.300"]
 
 
 @pytest.mark.parametrize(
@@ -99,7 +129,11 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
     assert [run["group"] for run in expected["runs"]] == ["baseline-L2", "delta_block-b2-L2"]
     assert expected["runs"][1]["mean_max_weight_multi_source"] is not None
     assert [step for step, _ in expected["runs"][0]["val_loss_curve"]] == [0, 3, 6]
-    for name in ("ppl_vs_depth.png", "routing_sharpness_vs_depth.png", "val_loss_curves.png"):
+    # Two layers in two blocks: two points with two sources, too few for three depth bands.
+    assert [point["num_sources"] for point in expected["runs"][1]["points"]] == [1, 2, 2]
+    assert expected["runs"][1]["bands"] == {}
+    assert expected["paired"]["delta_block-b2-L2 vs baseline-L2"]["pairs"] == 1
+    for name in ("ppl_vs_depth.png", "routing_sharpness_by_band.png", "paired_differences.png", "val_loss_curves.png"):
         assert (tmp_path / "whole" / name).read_bytes()[:4] == b"\x89PNG"
     assert "baseline" in whole.stdout and "delta_block (2 blocks)" in whole.stdout
 

@@ -2,6 +2,7 @@
 is refused; its tokenisation; and the routing-sharpness figure shared by every command."""
 
 import json
+import math
 import random
 
 import datasets
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from delta_qwen3.errors import CommandError
-from delta_qwen3.sharpness import mean_max_weights, point_max_weights
+from delta_qwen3.sharpness import depth_bands, mean_max_weights, normalised_sharpness, point_max_weights
 from delta_qwen3.texts import document_token_ids, open_documents, read_texts, shuffle_buffer, token_stream
 
 
@@ -128,3 +129,30 @@ def test_both_sharpness_variants_are_named_for_the_points_they_average():
     assert figures["mean_max_weight"].item() == pytest.approx((1 + 0.65 + 0.65) / 3)
     assert figures["mean_max_weight_multi_source"].item() == pytest.approx(0.65)
     assert mean_max_weights(point_max_weights((single,)), [1])["mean_max_weight_multi_source"] is None
+
+
+def test_the_normalised_sharpness_is_0_for_uniform_weights_and_1_for_one_source_whatever_the_count():
+    for n in (2, 5, 32):
+        assert normalised_sharpness(1 / n, math.log(n), n) == pytest.approx({"max_above_uniform": 0.0,
+                                                                             "entropy_sharpness": 0.0})  # fmt: skip
+        assert normalised_sharpness(1.0, 0.0, n) == {"max_above_uniform": 1.0, "entropy_sharpness": 1.0}
+    # Half the weight on one of 5 sources, the rest spread evenly: the max is 0.5, between uniform and one-hot.
+    weights = torch.tensor([0.5, 0.125, 0.125, 0.125, 0.125])
+    figures = normalised_sharpness(0.5, torch.special.entr(weights).sum().item(), 5)
+    assert figures["max_above_uniform"] == pytest.approx(1.5 / 4)
+    assert figures["entropy_sharpness"] == pytest.approx(1 - (0.5 * math.log(2) + 0.5 * math.log(8)) / math.log(5))
+    assert normalised_sharpness(1.0, 0.0, 1) == {"max_above_uniform": None, "entropy_sharpness": None}
+
+
+def test_depth_bands_split_the_multi_source_points_in_order_into_thirds():
+    def point(n, value):
+        return {"num_sources": n, "mean_max_weight": value, "max_above_uniform": value, "entropy_sharpness": value}
+
+    # One single-source point (left out), then seven: thirds of 3, 2 and 2.
+    points = [point(1, 100.0)] + [point(n, float(n)) for n in range(2, 9)]
+    bands = depth_bands(points)
+    assert list(bands) == ["early", "middle", "late"]
+    assert bands["early"] == {"mean_max_weight": 3.0, "max_above_uniform": 3.0, "entropy_sharpness": 3.0,
+                              "num_sources": 3.0}  # fmt: skip
+    assert bands["middle"]["mean_max_weight"] == 5.5 and bands["late"]["num_sources"] == 7.5
+    assert depth_bands([point(1, 1.0), point(2, 1.0), point(3, 1.0)]) == {}
