@@ -53,7 +53,10 @@ def normalised_sharpness(mean_max_weight: float, mean_entropy: float, num_source
     n = num_sources
     if n < 2:
         return {"max_above_uniform": None, "entropy_sharpness": None}
-    return {"max_above_uniform": (n * mean_max_weight - 1) / (n - 1), "entropy_sharpness": 1 - mean_entropy / math.log(n)}
+    return {
+        "max_above_uniform": (n * mean_max_weight - 1) / (n - 1),
+        "entropy_sharpness": 1 - mean_entropy / math.log(n),
+    }
 
 
 def depth_bands(points: Sequence[dict]) -> dict[str, dict[str, float]]:
@@ -69,5 +72,6 @@ def depth_bands(points: Sequence[dict]) -> dict[str, dict[str, float]]:
     for index, band in enumerate(DEPTH_BANDS):
         members = multi[begin : begin + size + (index < extra)]
         begin += len(members)
-        bands[band] = {figure: sum(p[figure] for p in members) / len(members) for figure in (*BAND_FIGURES, "num_sources")}
+        figures = (*BAND_FIGURES, "num_sources")
+        bands[band] = {figure: sum(p[figure] for p in members) / len(members) for figure in figures}
     return bands

@@ -75,7 +75,9 @@ def routing_statistics(model, tokenizer, texts: list[str], max_length: int = 102
             "num_sources": len(weight_sums[point]),
             "mean_max_weight": max_sums[point] / num_tokens,
             "mean_entropy": entropy_sums[point] / num_tokens,
-            **normalised_sharpness(max_sums[point] / num_tokens, entropy_sums[point] / num_tokens, len(weight_sums[point])),
+            **normalised_sharpness(
+                max_sums[point] / num_tokens, entropy_sums[point] / num_tokens, len(weight_sums[point])
+            ),
             "mean_weights": (weight_sums[point] / num_tokens).tolist(),
         }
         for point, (sublayer, name) in enumerate(names)

@@ -10,11 +10,11 @@ tokenizer the counts differ by the embedding size. Routing adds `~4·D` paramete
 _TINY_ATTENTION = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
 PRESETS: dict[str, dict] = {
-    # ~0.2M parameters besides the embeddings: unit tests and CPU demos.
+    # ~0.2M parameters besides the embeddings: unit tests, CPU demos and the CPU depth study (`delta-qwen3 study`).
     "tiny": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, max_position_embeddings=1024, **_TINY_ATTENTION
     ),
-    # ~1.6M parameters besides the embeddings at 8 layers: the CPU depth study (`delta-qwen3 study`).
+    # ~1.6M parameters besides the embeddings at 8 layers: a wider CPU shape, twice the width of `tiny`.
     "mini": dict(
         hidden_size=128,
         intermediate_size=384,

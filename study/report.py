@@ -69,8 +69,9 @@ def paired_comparisons(results: list[dict]) -> dict[str, dict]:
             if other is None:
                 continue
             name = f"{result['group']} vs {groups[mode, blocks, result['layers']]}"
-            entry = paired.setdefault(name, {"mode": result["mode"], "against": mode, "num_blocks": result["num_blocks"],
-                                             "layers": result["layers"], "seeds": [], "relative_differences": []})  # fmt: skip
+            entry = paired.setdefault(name, {"mode": result["mode"], "against": mode,
+                                             "num_blocks": result["num_blocks"], "layers": result["layers"],
+                                             "seeds": [], "relative_differences": []})  # fmt: skip
             entry["seeds"].append(result["seed"])
             entry["relative_differences"].append(result["val_ppl"] / other - 1)
     for entry in paired.values():

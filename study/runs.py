@@ -78,8 +78,9 @@ def score(run: Run, settings: StudySettings, directory: Path) -> dict:
               "val_ppl": perplexity(model, tokenizer, texts, max_length=length, stride=length)}  # fmt: skip
     if run.mode != "baseline":
         stats = routing_statistics(model, tokenizer, texts, max_length=length)
-        result |= {key: stats[key] for key in ("mean_max_weight", "mean_max_weight_multi_source", "mean_entropy", "bands")}
-        result["points"] = [{key: value for key, value in point.items() if key != "mean_weights"} for point in stats["points"]]
+        figures = ("mean_max_weight", "mean_max_weight_multi_source", "mean_entropy", "bands")
+        result |= {key: stats[key] for key in figures}
+        result["points"] = [{k: v for k, v in point.items() if k != "mean_weights"} for point in stats["points"]]
     log = [json.loads(line) for line in log_path(train_dir).read_text().splitlines()]
     speeds = [line["tokens_per_s"] for line in log if "tokens_per_s" in line]
     result["tokens_per_s"] = sum(speeds) / len(speeds)

@@ -263,7 +263,8 @@ def test_routing_command_writes_statistics_matching_the_models_routing_weights(r
         multi = [m for m, n in zip(expected["max"], expected["num_sources"]) if n > 1]
         assert stats["mean_max_weight_multi_source"] == pytest.approx(sum(multi) / len(multi), abs=1e-9)
         for point, n, entropy in zip(stats["points"], expected["num_sources"], expected["entropy"]):
-            assert point["entropy_sharpness"] == (None if n == 1 else pytest.approx(1 - entropy / math.log(n), abs=1e-6))
+            expected_sharpness = None if n == 1 else pytest.approx(1 - entropy / math.log(n), abs=1e-6)
+            assert point["entropy_sharpness"] == expected_sharpness
         multi = [p for p in stats["points"] if p["num_sources"] > 1]
         thirds = [multi[: -(-len(multi) // 3)], multi[-(-len(multi) // 3) : len(multi) - len(multi) // 3],
                   multi[len(multi) - len(multi) // 3 :]]  # fmt: skip

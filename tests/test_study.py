@@ -54,9 +54,10 @@ def test_each_mode_is_paired_with_the_baseline_and_its_attnres_counterpart_of_it
     versus_baseline = paired["delta-L4 vs baseline-L4"]
     assert versus_baseline["relative_differences"] == pytest.approx([-0.1, 0.05]) and versus_baseline["seeds"] == [0, 1]
     assert versus_baseline["mean"] == pytest.approx(-0.025) and versus_baseline["below"] == 1
-    assert paired["delta-L8 vs baseline-L8"] == {"mode": "delta", "against": "baseline", "num_blocks": None,
-                                                 "layers": 8, "seeds": [0], "relative_differences": [pytest.approx(-0.2)],
-                                                 "mean": pytest.approx(-0.2), "below": 1, "pairs": 1}  # fmt: skip
+    assert paired["delta-L8 vs baseline-L8"] == {
+        "mode": "delta", "against": "baseline", "num_blocks": None, "layers": 8, "seeds": [0],
+        "relative_differences": [pytest.approx(-0.2)], "mean": pytest.approx(-0.2), "below": 1, "pairs": 1,
+    }  # fmt: skip
     # Seeds in order whatever the order of the results: 90/75 and 210/175.
     assert paired["delta-L4 vs attnres_full-L4"]["relative_differences"] == pytest.approx([0.2, 0.2])
     assert paired["delta-L4 vs attnres_full-L4"]["below"] == 0
