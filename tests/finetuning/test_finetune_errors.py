@@ -1,0 +1,254 @@
+"""How a `finetune` run ends when it cannot go on: options refused before anything is loaded, divergence, a resume
+with other settings, interrupts, bad input found before training; each with one line on stderr, its exit status,
+and the run directory as it was."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers.files import file_hashes
+from helpers.models import save_tiny_qwen3
+from helpers.training import log_lines, run_env, tiny_run_args, weights
+
+import finetune
+from delta_qwen3.errors import RunError
+from finetune.config import INVOCATION_OPTIONS, RESUMABLE_OPTIONS, FinetuneConfig, resume_changes
+from finetune.loop import DivergenceWatch
+
+
+def failed(argv: list[str], capsys, exit_code: int = 2) -> str:
+    """Run the command, expect `exit_code`; return its one line on stderr (progress bars aside)."""
+    assert finetune.main(argv) == exit_code
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune:")]
+    assert len(lines) == 1
+    return lines[0]
+
+
+# --- options refused before anything is loaded -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seq_len", ["0", "1"])
+def test_seq_len_has_one_lower_bound(tmp_path, jsonl_corpus, capsys, seq_len):
+    argv = tiny_run_args(jsonl_corpus, tmp_path / "out", "--model", str(tmp_path / "model"), "--seq-len", seq_len)
+    assert failed(argv, capsys) == (
+        f"finetune: error: --seq-len must be at least 2 (one prediction needs two tokens), got {seq_len}"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--lr", "nan", "--lr must be a finite number, got nan"),
+        ("--lr", "inf", "--lr must be a finite number, got inf"),
+        ("--lr", "-0.001", "--lr must not be negative, got -0.001"),
+        ("--lr-routing", "nan", "--lr-routing must be a finite number, got nan"),
+        ("--lr-routing", "-1", "--lr-routing must not be negative, got -1.0"),
+        ("--min-lr-ratio", "5", "--min-lr-ratio must be between 0 and 1 (a fraction of the peak rate), got 5.0"),
+        ("--min-lr-ratio", "-0.1", "--min-lr-ratio must be between 0 and 1 (a fraction of the peak rate), got -0.1"),
+    ],
+)
+def test_learning_rates_that_cannot_train_are_refused(tmp_path, jsonl_corpus, capsys, option, value, message):
+    argv = tiny_run_args(jsonl_corpus, tmp_path / "out", "--model", str(tmp_path / "model"), option, value)
+    assert failed(argv, capsys) == f"finetune: error: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+# --- divergence --------------------------------------------------------------------------------------------------
+
+
+def test_divergence_stops_the_run_before_anything_non_finite_is_saved(tmp_path, jsonl_corpus, delta_checkpoint, capsys):
+    out = tmp_path / "out"
+    # At this rate the first step is finite and the second one's loss overflows to a NaN gradient norm.
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--lr", "1e6", "--max-steps", "6",
+                         "--save-every", "1", "--keep-checkpoints", "1")  # fmt: skip
+    assert finetune.main([*argv, "--stop-after-step", "1"]) == 0
+    capsys.readouterr()
+    checkpoint = file_hashes(out / "checkpoints")
+    assert {name.split("/")[0] for name in checkpoint} == {"step_00000001"}
+
+    assert failed([*argv, "--resume"], capsys, exit_code=1) == (
+        "finetune: error: training diverged: the loss or gradient norm is not finite at step 2; nothing from that "
+        "step on was validated or saved (a lower --lr may help)"
+    )
+    assert file_hashes(out / "checkpoints") == checkpoint  # the last finite checkpoint is neither rotated nor touched
+    assert not (out / "model").exists()
+    assert [line["step"] for line in log_lines(out) if "loss" in line] == [1, 2]  # the diverged step is in the log
+
+
+class Processes:
+    """Two processes' `DivergenceWatch`es, as `accelerator.gather` shows them to each other."""
+
+    def __init__(self, scaler=None):
+        self.scaler, self.device = scaler, "cpu"
+        self.watches = [DivergenceWatch(self), DivergenceWatch(self)]
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([watch.first_step for watch in self.watches])
+
+
+@pytest.mark.parametrize("scaler", [None, "fp16 loss scaler"])
+def test_every_process_stops_at_a_non_finite_value_any_process_saw(scaler):
+    processes = Processes(scaler)
+    finite, infinite = torch.tensor(1.0), torch.tensor(float("inf"))
+    for step, bad_norm in ((1, False), (2, True), (3, False)):
+        processes.watches[0].observe(step, {"loss": finite, "grad_norm": infinite if bad_norm else finite})
+        processes.watches[1].observe(step, {"loss": finite, "grad_norm": finite})
+    if scaler is None:
+        for watch in processes.watches:
+            with pytest.raises(RunError, match="not finite at step 2;"):
+                watch.check()
+    else:  # under fp16 loss scaling an infinite gradient norm makes the scaler skip the step: no divergence
+        for watch in processes.watches:
+            watch.check()
+    processes.watches[1].observe(4, {"loss": torch.tensor(float("nan")), "grad_norm": finite})
+    for watch in processes.watches:
+        with pytest.raises(RunError, match=f"not finite at step {4 if scaler else 2};"):
+            watch.check()
+
+
+# --- resuming ----------------------------------------------------------------------------------------------------
+
+
+def test_the_options_that_may_change_on_resume_are_options():
+    names = {spec.name for spec in FinetuneConfig.__dataclass_fields__.values()}
+    assert RESUMABLE_OPTIONS <= names and INVOCATION_OPTIONS <= names
+    assert not RESUMABLE_OPTIONS & INVOCATION_OPTIONS
+    # An option the recorded settings lack (one added after the run started) is refused: it may change the run.
+    assert resume_changes({"seq_len": 32}, {"seq_len": 32, "new_option": 1}) == (
+        ["--new-option (not recorded) -> 1"],
+        [],
+    )
+
+
+def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeated(
+    tmp_path, jsonl_corpus, delta_checkpoint, tokenizer, capsys
+):
+    out = tmp_path / "out"
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "4", "--save-every", "2")
+    assert finetune.main([*argv, "--stop-after-step", "3"]) == 0
+    settings = json.loads((out / "run_config.json").read_text())
+    assert settings["model"] == str(delta_checkpoint) and settings["seq_len"] == 32
+    assert (settings["num_processes"], settings["mixed_precision"]) == (1, "no")
+    assert not INVOCATION_OPTIONS & settings.keys()
+    before = file_hashes(out)
+
+    # A plain Qwen3 model after a delta run (its checkpoint would not even load), and another block length.
+    qwen3 = save_tiny_qwen3(tmp_path / "qwen3", tokenizer)
+    capsys.readouterr()
+    message = failed([*argv, "--resume", "--model", str(qwen3), "--seq-len", "16"], capsys)
+    assert message == (
+        f"finetune: error: --resume: these settings differ from those the run in {out} started with, and would "
+        f"change what is trained or on what: --model {delta_checkpoint} -> {qwen3}; --seq-len 32 -> 16 (start a "
+        "new run with another --output-dir, or with --overwrite)"
+    )
+    assert failed([*argv, "--resume", "--max-steps", "1"], capsys) == (
+        "finetune: error: --max-steps 1 is before the step of the checkpoint to resume (2)"
+    )
+    assert file_hashes(out) == before
+
+    # The log had steps 1 to 3 when the run stopped; resuming from step 2 logs step 3 again, after dropping it.
+    assert finetune.main([*argv, "--resume", "--max-steps", "5", "--log-every", "2"]) == 0
+    assert "resuming with changed options: --log-every 1 -> 2; --max-steps 4 -> 5" in capsys.readouterr().out
+    assert [line["step"] for line in log_lines(out) if "loss" in line] == [1, 2, 4, 5]
+    assert json.loads((out / "run_config.json").read_text()) == {**settings, "max_steps": 5, "log_every": 2}
+
+
+# --- bad input found before training -----------------------------------------------------------------------------
+
+TOO_SMALL = '{"text": "def f(): pass"}\n' * 10  # 100 tokens: not even the validation blocks
+
+
+def test_a_run_that_fails_before_training_writes_nothing(tmp_path, jsonl_corpus, delta_checkpoint, capsys):
+    (tmp_path / "small.jsonl").write_text(TOO_SMALL)
+    out = tmp_path / "new" / "out"
+    argv = tiny_run_args(tmp_path / "small.jsonl", out, "--model", str(delta_checkpoint))
+    assert "is too small" in failed(argv, capsys)
+    assert not (tmp_path / "new").exists()
+
+    # --overwrite of an earlier run removes nothing of it when the new run cannot start.
+    earlier = tmp_path / "earlier"
+    assert finetune.main(tiny_run_args(jsonl_corpus, earlier, "--model", str(delta_checkpoint), "--max-steps", "2",
+                                       "--save-every", "1")) == 0  # fmt: skip
+    before = file_hashes(earlier)
+    argv = tiny_run_args(tmp_path / "small.jsonl", earlier, "--model", str(delta_checkpoint), "--overwrite")
+    assert "is too small" in failed(argv, capsys)
+    assert file_hashes(earlier) == before
+
+
+# --- interrupts --------------------------------------------------------------------------------------------------
+
+SIGNAL_MID_RUN = dict(max_steps=60, signal_after=12)  # steps of the run; the logged step after which it is signalled
+
+
+def run_finetune(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "finetune", *argv], env=run_env(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def signal_mid_training(argv: list[str], out, signal_number: int) -> subprocess.CompletedProcess:
+    """Start the run, send `signal_number` once its log shows step `SIGNAL_MID_RUN["signal_after"]`, wait for it."""
+    process = subprocess.Popen([sys.executable, "-m", "finetune", *argv], env=run_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while process.poll() is None and time.monotonic() < deadline:
+        log = out / "train_log.jsonl"
+        logged = re.findall(r'"step":\s*(\d+)', log.read_text()) if log.exists() else []
+        if logged and int(logged[-1]) >= SIGNAL_MID_RUN["signal_after"]:
+            process.send_signal(signal_number)
+            break
+        time.sleep(0.01)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, jsonl_corpus, delta_checkpoint):
+    out = tmp_path_factory.mktemp("uninterrupted") / "out"
+    result = run_finetune(interrupt_run_args(jsonl_corpus, out, delta_checkpoint))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def interrupt_run_args(jsonl_corpus, out, delta_checkpoint) -> list[str]:
+    return tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps",
+                         str(SIGNAL_MID_RUN["max_steps"]), "--save-every", "5", "--eval-every", "1000")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_training_then_resume_ends_bit_identical(
+    tmp_path, jsonl_corpus, delta_checkpoint, uninterrupted, signal_number
+):
+    out = tmp_path / "out"
+    argv = interrupt_run_args(jsonl_corpus, out, delta_checkpoint)
+    interrupted = signal_mid_training(argv, out, signal_number)
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert "Traceback" not in interrupted.stderr
+    name = signal.Signals(signal_number).name
+    last_line = interrupted.stderr.strip().splitlines()[-1].split("\r")[-1]
+    match = re.fullmatch(
+        rf"finetune: interrupted by {name}; stopped at step (\d+); continue with --resume \(from the checkpoint of "
+        r"step (\d+)\)",
+        last_line,
+    )
+    assert match, last_line
+    stopped, checkpoint = map(int, match.groups())
+    assert SIGNAL_MID_RUN["signal_after"] <= stopped < SIGNAL_MID_RUN["max_steps"]
+    # The latest checkpoint; the signal may have come during the save of step `stopped`.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == f"step_{checkpoint:08d}"
+    assert stopped - 5 <= checkpoint <= stopped
+    assert not (out / "model").exists()
+
+    resumed = run_finetune([*argv, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    expected, final = weights(uninterrupted / "model"), weights(out / "model")
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[name], expected[name]) for name in expected)
+    steps = [line["step"] for line in log_lines(out) if "loss" in line]
+    assert steps == list(range(1, SIGNAL_MID_RUN["max_steps"] + 1))

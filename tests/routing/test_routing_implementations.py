@@ -1,0 +1,148 @@
+"""Every routing implementation against `routing_reference.depth_mix`, SPEC section 2's mix_p in plain PyTorch,
+in every mode: logits, routing weights, loss and every parameter's gradient, in float64 (to 1e-12, where only
+summation order differs) and float32 (to 1e-5; to 5e-5 in `attnres_full`, whose replacement routing over up to
+eleven sources without a residual stream amplifies float32 rounding: 3.5e-5 at most in its embedding's gradient,
+while in float64 it agrees to 1e-12 like every mode)."""
+
+import contextlib
+
+import pytest
+import torch
+from helpers.models import VARIANTS, random_model, token_ids
+from helpers.spec_reference import mix as spec_mix
+
+from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_buffer, routing_compiled
+from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
+from modeling_delta_qwen3.routing_reference import depth_mix
+
+TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+def tolerance(mode: str, dtype: torch.dtype) -> float:
+    return 5e-5 if (mode, dtype) == ("attnres_full", torch.float32) else TOLERANCES[dtype]
+
+
+def use_reference(model) -> None:
+    model.set_routing_implementation("reference")
+
+
+def run(model, ids, grad: bool = True) -> dict[str, torch.Tensor]:
+    """Logits, routing weights, and with `grad` the loss and every parameter's gradient, by name."""
+    model.zero_grad()
+    with torch.set_grad_enabled(grad):
+        out = model(ids, labels=ids, output_routing_weights=True)
+    results = {"logits": out.logits.detach()}
+    results |= {f"weights.{i}": w.detach() for i, w in enumerate(out.routing_weights)}
+    if grad:
+        out.loss.backward()
+        results["loss"] = out.loss.detach()
+        results |= {f"grad.{name}": p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return results
+
+
+def assert_all_close(got: dict, expected: dict, tolerance: float) -> None:
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=tolerance, rtol=tolerance, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_reference_is_the_spec_formula():
+    """`depth_mix` is SPEC section 2's mix_p, with the residual and gate around it, and weights `[tokens, n]`."""
+    generator = torch.Generator().manual_seed(0)
+    sources = [torch.randn(2, 3, 8, generator=generator, dtype=torch.float64) for _ in range(4)]
+    query, norm_weight = torch.randn(8, generator=generator, dtype=torch.float64), torch.rand(8, dtype=torch.float64)
+    residual, gate = torch.randn(2, 3, 8, dtype=torch.float64), torch.tensor(0.7, dtype=torch.float64)
+    point = torch.nn.Module()
+    point.query, point.norm = query, torch.nn.Module()
+    point.norm.weight = norm_weight
+    log = []
+    expected = spec_mix(point, sources, 1e-6, log)
+    mix, weights = depth_mix(sources, query, norm_weight, 1e-6)
+    torch.testing.assert_close(mix, expected, atol=1e-14, rtol=0)
+    torch.testing.assert_close(weights, log[0].reshape(6, 4), atol=1e-14, rtol=0)
+    routed, _ = depth_mix(sources, query, norm_weight, 1e-6, residual=residual, gate=gate)
+    torch.testing.assert_close(routed, residual + 0.7 * expected, atol=1e-14, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("mode,gated", VARIANTS)
+def test_implementations_match_reference_forward_and_backward(monkeypatch, mode, gated, dtype):
+    """The buffer (the default here), with and without autograd, and with its points' parameters unknown up front
+    (sharded, offloaded: each point computes its own logits); the compiled implementation run eagerly, also with the
+    parameters unknown up front."""
+    model = random_model(mode, gated).train().to(dtype)
+    ids = token_ids()
+    assert model.config.routing_implementation is None
+    results = {"buffer": run(model, ids), "buffer without autograd": run(model, ids, grad=False)}
+    model.set_routing_implementation("compiled")
+    results["compiled"] = run(model, ids)
+    with monkeypatch.context() as patch:
+        patch.setattr(routing_compiled, "upfront_queries", lambda points, like: None)
+        results["compiled, parameters not up front"] = run(model, ids)
+    model.set_routing_implementation("buffer")
+    with monkeypatch.context() as patch:
+        patch.setattr(routing_buffer, "upfront_queries", lambda points, like: None)
+        patch.setattr(routing_buffer, "upfront_gates", lambda points, like: None)
+        results["buffer, parameters not up front"] = run(model, ids)
+    use_reference(model)
+    expected = run(model, ids)
+    assert any(name.endswith("_route.query") for name in expected)
+    for name, got in results.items():
+        want = {k: v for k, v in expected.items() if k in got}
+        assert len(want) == len(expected) or name == "buffer without autograd", name
+        assert_all_close(got, want, tolerance(mode, dtype))
+
+
+@pytest.mark.parametrize("mode,gated", VARIANTS)
+@pytest.mark.parametrize("batch", [1, 2], ids=["one-sequence", "batched"])
+def test_decoding_steps_match_reference(monkeypatch, mode, gated, batch):
+    """A decoding step: one sequence's single-batch products and padded norms, or several sequences' logits per
+    point, against the reference's step, in float64."""
+    model = random_model(mode, gated, scale=1.0).double()
+    ids = token_ids(batch=batch, seq=7)
+
+    def steps() -> list[torch.Tensor]:
+        with torch.no_grad():
+            cache = model(ids[:, :-2], use_cache=True).past_key_values
+            return [model(ids[:, i : i + 1], past_key_values=cache).logits for i in (5, 6)]
+
+    fast = steps()
+    use_reference(model)
+    for got, expected in zip(fast, steps(), strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+
+
+def test_implementation_is_chosen_by_name_in_from_pretrained_and_not_saved(tmp_path):
+    model = random_model("delta_block", gated=True)
+    model.set_routing_implementation("reference")
+    model.save_pretrained(tmp_path)
+    assert "routing_implementation" not in (tmp_path / "config.json").read_text()
+    loaded = DeltaQwen3ForCausalLM.from_pretrained(tmp_path, routing_implementation="compiled")
+    assert loaded.config.routing_implementation == "compiled"
+    assert DeltaQwen3ForCausalLM.from_pretrained(tmp_path).config.routing_implementation is None
+    chosen = []
+    for implementation in ("reference", "buffer", "compiled"):
+        loaded.set_routing_implementation(implementation)
+        with patch_plan(chosen):
+            loaded(token_ids())
+    assert chosen == ["reference", "buffer", "compiled"]
+    with pytest.raises(ValueError, match="routing_implementation='fast' is not one of reference, buffer, fla, compiled"):
+        loaded.set_routing_implementation("fast")
+    misspelt = DeltaQwen3ForCausalLM.from_pretrained(tmp_path, routing_implementation="fast")
+    with pytest.raises(ValueError, match="routing_implementation='fast' is not one of"):
+        misspelt(token_ids())
+
+
+@contextlib.contextmanager
+def patch_plan(chosen: list):
+    """Records the implementation of every forward pass's routing plan."""
+    plan_routing = routing.plan_routing
+
+    def recording(*args):
+        plan = plan_routing(*args)
+        chosen.append(plan.implementation)
+        return plan
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling, "plan_routing", recording)
+        yield

@@ -1,0 +1,135 @@
+"""`SourceBuffer`, the routing of every implementation but the reference, on routing points made of plain tensors:
+its hand-written backward against finite differences, the points' queries taken up front, one-token routing moved
+between devices; and, in the model, buffers that reference counting frees."""
+
+import gc
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers.models import MODES, random_model, token_ids
+
+from modeling_delta_qwen3 import routing_buffer
+from modeling_delta_qwen3.routing import RoutingPoint
+from modeling_delta_qwen3.routing_buffer import SourceBuffer, upfront_gates, upfront_queries
+
+
+def point(query: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor | None = None) -> SimpleNamespace:
+    """A routing point over given tensors: a `RoutingPoint` holds parameters, which gradcheck cannot vary."""
+    return SimpleNamespace(query_and_norm_weight=lambda: (query, norm_weight), gate=gate)
+
+
+@pytest.mark.parametrize("upfront", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+def test_routing_gradients_match_finite_differences(gated, upfront):
+    """The hand-written backward of `SourceBuffer` against numerical gradients, with additive and replacement
+    routing, a read-once `extra` source, and sources computed from earlier routed outputs as in the model; with
+    the points' queries and gates known up front (scores computed as sources are written; points without `extra`
+    left to their newest source, here two runs of them around a point with `extra`) and not (sharded parameters)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, q3, g3, gate):
+        points = [point(q0, g0, gate), point(q1, g1, gate), point(q2, g2, gate), point(q3, g3, gate)]
+        queries, gates = (upfront_queries(points, x0), upfront_gates(points, x0)) if upfront else (None, None)
+        sources = SourceBuffer(1e-6, capacity=4, max_points=4, queries=queries, gates=gates)
+        sources.append(x0)
+        sources.append(x1)
+        first = sources.route(point(q0, g0, gate), residual=residual)[0]
+        second = sources.route(point(q1, g1), extra=extra)[0]
+        third = sources.route(point(q2, g2, gate), residual=first)[0]
+        sources.append(torch.tanh(first) + x2)
+        sources.append(second * third)
+        return sources.route(point(q3, g3, gate), residual=second)[0]
+
+    inputs = [rand(2, 3, 8) for _ in range(5)] + [rand(8) for _ in range(8)] + [rand(()) if gated else None]
+    assert torch.autograd.gradcheck(routed, inputs)
+
+
+def test_queries_are_taken_up_front_only_from_whole_local_tensors():
+    """Up front, the points' `q * g` in order, with or without autograd; None for a parameter that is offloaded
+    (meta) or partitioned (empty), whose values are known only when its point runs."""
+
+    like = torch.zeros(2, 3, 4)
+    q, g = torch.randn(2, 4), torch.randn(2, 4)
+    points = [point(q[0], g[0]), point(q[1], g[1])]
+    torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(upfront_queries(points, like), q * g, atol=0, rtol=0)
+    for odd in (torch.empty(4, device="meta"), torch.empty(0)):
+        assert upfront_queries([*points, point(odd, g[0])], like) is None
+    assert upfront_queries([point(torch.empty(4, device="meta"), torch.empty(4, device="meta"))], like) is None
+    assert upfront_queries([point(torch.empty(0), torch.empty(0))], like) is None
+
+
+def test_a_routing_point_reads_its_parameters_or_the_tensors_a_wrapper_swapped_in():
+    """FSDP1 without `use_orig_params` replaces parameters with plain tensors for the forward pass."""
+    routing_point = RoutingPoint(4, 1e-6, gated=False)
+    query, norm_weight = routing_point.query_and_norm_weight()
+    assert query is routing_point.query and norm_weight is routing_point.norm.weight
+    swapped = torch.randn(4)
+    del routing_point.query
+    routing_point.query = swapped
+    query, norm_weight = routing_point.query_and_norm_weight()
+    assert query is swapped and norm_weight is routing_point.norm.weight
+
+
+@pytest.mark.parametrize("upfront", [False, True])
+def test_one_token_routing_moved_between_points_routes_as_unmoved(upfront):
+    """A decoding step whose state a device hook moves between layers (`to`, here a forced copy on the same
+    device): the moved buffers stay one padded buffer, so the sources written after the move are routed right. One
+    token (`mix_one_token`, gates read as numbers when known up front) routes as each of two tokens does (`mix`)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    sources = rand(4, 1, 1, 8)
+    points = [point(rand(8), rand(8).abs() + 0.5, rand(())) for _ in range(3)]
+
+    def route(move: bool, batch: int = 1) -> list[torch.Tensor]:
+        x = sources.expand(-1, batch, -1, -1)
+        with torch.no_grad():
+            queries, gates = (upfront_queries(points, x[0]), upfront_gates(points, x[0])) if upfront else (None, None)
+            buffer = SourceBuffer(1e-6, capacity=4, max_points=3, queries=queries, gates=gates)
+            buffer.append(x[0])
+            buffer.append(x[1])
+            outs = [buffer.route(points[0], residual=x[3])[0]]
+            if move:
+                buffer = buffer.to("cpu", copy=True)
+            buffer.append(x[2])
+            outs.append(buffer.route(points[1], residual=x[3])[0])
+            outs.append(buffer.route(points[2], extra=x[3])[0])
+        return outs
+
+    moved, unmoved, two_tokens = route(move=True), route(move=False), route(move=False, batch=2)
+    for a, b, c in zip(moved, unmoved, two_tokens):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+        torch.testing.assert_close(c, b.expand_as(c), atol=1e-14, rtol=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_routing_buffers_are_freed_by_reference_counting(monkeypatch, mode):
+    """After a training forward, with or without backward, nothing keeps the sources' buffers (or the autograd
+    graph that holds them) alive: no reference cycle, which the garbage collector could not break either."""
+    storages = []
+
+    class TrackedStorage(routing_buffer._SourceStorage):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            storages.append(weakref.ref(self))
+
+    monkeypatch.setattr(routing_buffer, "_SourceStorage", TrackedStorage)
+    model = random_model(mode).train()
+    ids = token_ids()
+    gc.disable()
+    try:
+        loss = model(ids, labels=ids).loss
+        del loss
+        model(ids, labels=ids).loss.backward()
+        assert len(storages) == 2 and all(storage() is None for storage in storages)
+    finally:
+        gc.enable()

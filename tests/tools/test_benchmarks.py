@@ -1,0 +1,128 @@
+"""The benchmark scripts run end to end and report what the README quotes (their timings are not asserted)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers.paths import REPO_ROOT, VLLM_PYTHON
+from helpers.running import isolated_env
+
+from benchmarks.routing_overhead import VARIANTS
+
+
+@pytest.mark.slow
+def test_routing_overhead_quick_run_reports_every_eager_figure(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--training-pairs", "1", "--figures",
+               "memory,training,decoding", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["settings"]["training_pairs"] == 1
+    labels = [label for label, _, _ in VARIANTS]
+    for figure in ("training", "decoding"):
+        assert set(labels) <= set(results[figure]) and results[figure]["qwen3"] == 1.0
+        assert all(results[figure][label] > 0 for label in labels)
+        assert set(results[figure]["by_build_order"]) == set(labels[1:])
+        for label, orders in results[figure]["by_build_order"].items():  # --quick: one build order, the ratio's own
+            assert set(orders) == {"qwen3_first"} and results[figure][label] == pytest.approx(orders["qwen3_first"])
+    for ratios in results["memory"].values():
+        assert ratios["qwen3"] == 1.0 and 1.0 <= ratios["delta_block"] <= 1.05
+    assert all(label in completed.stdout for label in labels)
+
+
+@pytest.mark.slow
+def test_routing_overhead_compiled_training_reports_ratio_and_compile_time(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--training-pairs", "1", "--figures",
+               "compiled_training", "--variants", "delta_block", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())["compiled_training"]
+    assert results["qwen3"] == 1.0 and results["delta_block"] > 0
+    assert set(results["by_build_order"]["delta_block"]) == {"qwen3_first"}
+    assert set(results["compile_seconds"]) == {"qwen3", "delta_block"}
+    assert all(seconds > 0 for seconds in results["compile_seconds"].values())
+    assert "compiled train tok/s" in completed.stdout and "first compiled training step" in completed.stdout
+
+
+def test_routing_overhead_measures_the_chosen_part_of_the_table(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--figures", "memory",
+               "--variants", "delta_block", "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert set(results) == {"settings", "memory", "targets_missed"}
+    assert [set(ratios) for ratios in results["memory"].values()] == [{"qwen3", "delta_block", "qwen3_bytes"}] * 2
+    assert [line.split(" ")[0] for line in completed.stdout.splitlines()[2:4]] == ["qwen3", "delta_block"]
+
+    command[command.index("--variants") + 1] = "delta_block,deltablock"
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 2 and "unknown deltablock: choose from delta_block," in completed.stderr
+
+    command[command.index("--variants") + 1] = "delta_block"
+    completed = subprocess.run([*command, "--training-pairs", "0"], cwd=REPO_ROOT, env=env, capture_output=True,
+                               text=True, timeout=600)
+    assert completed.returncode == 2 and "--training-pairs: must be at least 1, got 0" in completed.stderr
+
+
+@pytest.mark.slow
+def test_decode_steps_reports_every_mode():
+    command = [sys.executable, "benchmarks/decode_steps.py", "--shape", "small", "--rounds", "1", "--prompt", "8"]
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=isolated_env(), capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = completed.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["delta", "delta_block"]
+    assert all(0 < float(line.split("generation ratio ")[1].split()[0]) for line in lines)
+
+
+@pytest.mark.slow
+def test_conversion_memory_stays_near_the_largest_shard():
+    command = [sys.executable, "benchmarks/convert_memory.py", "--layers", "12", "--hidden", "256", "--shard-mb", "8"]
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=isolated_env(), capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["shards"] > 4
+    # Streaming: the conversion holds about one shard at a time, never the whole model.
+    assert report["peak_above_imports_mb"] < report["model_mb"] / 2, report
+
+
+def test_serving_refuses_delta_block_in_the_compiled_mode():
+    """delta_block refuses vLLM's compiled mode on the CPU (tests/serving/test_vllm.py): the benchmark says so up
+    front."""
+    command = [sys.executable, "benchmarks/serving.py", "--modes", "delta_block,delta"]
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=isolated_env() | {"PYTHONPATH": str(REPO_ROOT)},
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert completed.stderr.splitlines()[-1] == (
+        "serving.py: error: delta_block refuses vLLM's compiled mode on the CPU under PyTorch before 2.14, which "
+        "vLLM's CPU build pins (docs/SERVING.md): add --enforce-eager, or leave it out of --modes"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm: `make test` creates it")
+def test_serving_quick_run_reports_every_ratio(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/serving.py", "--quick", "--enforce-eager", "--modes", "delta_block",
+               "--output", str(output)]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["settings"]["compiled"] is False and results["settings"]["rounds"] == 1
+    assert {name: run["architecture"] for name, run in results["runs"].items()} == {
+        "qwen3_native": "Qwen3ForCausalLM", "qwen3_transformers": "TransformersForCausalLM",
+        "delta_block": "TransformersForCausalLM",
+    }
+    assert set(results["ratios"]["delta_block"]) == {
+        f"{figure}_vs_qwen3_{impl}" for figure in ("throughput", "first_token") for impl in ("transformers", "native")
+    }
+    assert all(ratio > 0 for ratio in results["ratios"]["delta_block"].values())
+    assert results["prompts_with_qwen3_tokens"] == {"delta_block": 4}
+    assert "Delta Block: throughput" in completed.stdout

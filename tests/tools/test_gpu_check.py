@@ -1,0 +1,104 @@
+"""`python -m benchmarks.gpu_check`: its CPU rehearsal runs every section of the GPU check and passes, so the check
+cannot rot while no GPU runs it; a section that fails, raises or runs out of time is recorded as such, the others
+still run, and the report is on disk throughout; bad options end with one line."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.paths import REPO_ROOT
+from helpers.running import isolated_env
+
+from benchmarks import gpu_check
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_every_section_and_passes(tmp_path):
+    # Budgets times four: a loaded test machine must not turn a slow section into a timeout.
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path), "--rehearsal",
+               "--budget-scale", "4"]
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                               text=True, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    sections = report["sections"]
+    assert list(sections) == list(gpu_check.SECTIONS) and report["passed"] is True
+    assert report["settings"]["rehearsal"] is True and report["settings"]["device"] == "cpu"
+    assert sections["serving"]["status"] == "skipped" and sections["serving"]["checks"] == []
+    assert sections["serving"]["reason"].startswith("vLLM is not installed in this interpreter")
+    for name in gpu_check.SECTIONS[:-1]:
+        assert sections[name]["status"] == "pass", (name, sections[name])
+        assert sections[name]["checks"] and all(check["pass"] for check in sections[name]["checks"])
+    implementations = {check["name"].split(":")[0] for check in sections["implementations"]["checks"]}
+    assert implementations == {f"{mode} {dtype} {name}" for mode in gpu_check.MODES
+                               for dtype in ("float32", "bfloat16") for name in ("buffer", "compiled")}
+    assert sections["implementations"]["not_run"]["fla"].startswith("flash-linear-attention is not installed")
+    assert set(sections["performance"]["figures"]["memory"]) == {"saved_activations"}  # peak memory: CUDA only
+    assert all(len(sections["learning"]["figures"][f"{mode} losses"]) == 20 for mode in ("baseline", "delta_block"))
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert table in completed.stdout and "all sections passed or were skipped" in table
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:8]] == [f"| {name}" for name in gpu_check.SECTIONS]
+
+
+def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_still_run(tmp_path):
+    run = gpu_check.Run(tmp_path, {"settings": {}, "sections": {}})
+    on_disk = {}
+
+    def passes(section):
+        on_disk.update(json.loads((tmp_path / "gpu_check.json").read_text())["sections"])
+        section.check("a figure", 1.0, 2.0)
+
+    def skips(section):
+        raise gpu_check.Skipped("not here")
+
+    functions = {
+        "raises": lambda section: 1 / 0,
+        "times_out": lambda section: time.sleep(30),
+        "fails": lambda section: section.check("too large", 3.0, 2.0),
+        "passes": passes,
+        "skips": skips,
+    }
+    budgets = dict.fromkeys(functions, 0.5)
+    with (tmp_path / "log").open("w") as log:
+        gpu_check.run_sections(run, functions, budgets, log)
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    statuses = {name: data["status"] for name, data in report["sections"].items()}
+    assert statuses == {"raises": "error", "times_out": "timeout", "fails": "fail", "passes": "pass",
+                        "skips": "skipped"}
+    assert report["passed"] is False
+    assert report["sections"]["raises"]["reason"] == "ZeroDivisionError: division by zero"
+    assert report["sections"]["times_out"]["reason"] == "ran out of its 0.5 s"
+    assert report["sections"]["times_out"]["seconds"] < 5
+    assert report["sections"]["fails"]["checks"] == [{"name": "too large", "value": 3.0, "limit": 2.0,
+                                                      "passes_if": "value <= limit", "pass": False}]
+    # While a section ran, the report on disk held the sections before it, and said which one was running.
+    assert [on_disk[name]["status"] for name in functions] == ["error", "timeout", "fail", "running", "waiting"]
+    table = gpu_check.table(run)
+    assert "| fails | fail |" in table and "failed: too large = 3 (needs <= 2)" in table
+    assert "some sections did not pass" in table
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--sections", "compile,bogus"], "argument --sections: unknown section bogus: choose from implementations, "),
+    (["--budget-scale", "0"], "argument --budget-scale: must be above 0, got 0"),
+    (["--vllm-python", "/no/such/python"], "--vllm-python /no/such/python does not exist"),
+])
+def test_bad_options_end_with_one_line(tmp_path, capsys, options, message):
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.main(["--out", str(tmp_path / "out"), "--rehearsal", *options])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m benchmarks.gpu_check: error: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_a_gpu_the_full_check_points_to_the_rehearsal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.main(["--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("python -m benchmarks.gpu_check: error: no CUDA GPU is visible to PyTorch "
+                                       "here: --rehearsal runs the check on the CPU\n")

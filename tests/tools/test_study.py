@@ -1,0 +1,174 @@
+"""`delta-qwen3 study`: the grid of runs, the summary over seeds, and a study that, killed part-way and run again,
+ends with exactly the results of one that ran through."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers.paths import REPO_ROOT
+from helpers.training import write_corpus
+
+from delta_qwen3.cli import main
+from study.grid import Run, expand_grid
+from study.report import format_band_table, format_table, paired_comparisons, summarise
+
+
+def test_the_grid_gives_block_counts_to_the_block_modes_only():
+    runs = expand_grid(["baseline", "delta_block"], [4, 8], [0, 1], [2, 4])
+    assert [run.name for run in runs[:6]] == ["baseline-L4-s0", "baseline-L4-s1", "delta_block-b2-L4-s0",
+                                              "delta_block-b2-L4-s1", "delta_block-b4-L4-s0", "delta_block-b4-L4-s1"]  # fmt: skip
+    assert len(runs) == 12 and Run("delta_block", 8, 1, 4).group == "delta_block-b4-L8"
+
+
+def test_the_summary_is_the_mean_and_spread_over_seeds():
+    results = [{"mode": "delta", "num_blocks": None, "layers": 4, "seed": seed, "group": "delta-L4", "val_ppl": ppl,
+                "mean_max_weight_multi_source": weight, "mean_max_weight": weight, "tokens_per_s": 100.0}
+               for seed, ppl, weight in [(0, 10.0, 0.5), (1, 12.0, 0.7)]]  # fmt: skip
+    entry = summarise(results)["delta-L4"]
+    assert entry["seeds"] == [0, 1]
+    assert entry["val_ppl"] == {"mean": 11.0, "std": pytest.approx(2**0.5), "min": 10.0, "max": 12.0,
+                                "values": [10.0, 12.0]}  # fmt: skip
+    assert entry["mean_max_weight_multi_source"]["mean"] == pytest.approx(0.6)
+    assert "11.00 ± 1.41" in format_table(summarise(results), {}).splitlines()[1]
+
+
+def test_each_mode_is_paired_with_the_baseline_and_its_attnres_counterpart_of_its_depth_and_seed():
+    def result(mode, layers, seed, ppl, blocks=None):
+        group = f"{mode}{f'-b{blocks}' if blocks else ''}-L{layers}"
+        return {"mode": mode, "num_blocks": blocks, "layers": layers, "seed": seed, "group": group, "val_ppl": ppl,
+                "tokens_per_s": 1.0}  # fmt: skip
+
+    results = [result("baseline", 4, 0, 100.0), result("baseline", 4, 1, 200.0), result("baseline", 8, 0, 50.0),
+               result("delta", 4, 0, 90.0), result("delta", 4, 1, 210.0), result("delta", 8, 0, 40.0),
+               result("delta", 8, 1, 45.0), result("attnres_full", 4, 1, 175.0), result("attnres_full", 4, 0, 75.0),
+               result("delta_block", 4, 0, 80.0, 2), result("attnres_block", 4, 0, 64.0, 2),
+               result("attnres_block", 4, 0, 100.0, 4)]  # fmt: skip
+    paired = paired_comparisons(results)
+    # Seed 1 at 8 layers has no baseline to pair with; a block mode meets its counterpart of the same block count.
+    assert set(paired) == {"delta-L4 vs baseline-L4", "delta-L8 vs baseline-L8", "delta-L4 vs attnres_full-L4",
+                           "attnres_full-L4 vs baseline-L4", "delta_block-b2-L4 vs baseline-L4",
+                           "delta_block-b2-L4 vs attnres_block-b2-L4", "attnres_block-b2-L4 vs baseline-L4",
+                           "attnres_block-b4-L4 vs baseline-L4"}  # fmt: skip
+    versus_baseline = paired["delta-L4 vs baseline-L4"]
+    assert versus_baseline["relative_differences"] == pytest.approx([-0.1, 0.05]) and versus_baseline["seeds"] == [0, 1]
+    assert versus_baseline["mean"] == pytest.approx(-0.025) and versus_baseline["below"] == 1
+    assert paired["delta-L8 vs baseline-L8"] == {
+        "mode": "delta", "against": "baseline", "num_blocks": None, "layers": 8, "seeds": [0],
+        "relative_differences": [pytest.approx(-0.2)], "mean": pytest.approx(-0.2), "below": 1, "pairs": 1,
+    }  # fmt: skip
+    # Seeds in order whatever the order of the results: 90/75 and 210/175.
+    assert paired["delta-L4 vs attnres_full-L4"]["relative_differences"] == pytest.approx([0.2, 0.2])
+    assert paired["delta-L4 vs attnres_full-L4"]["below"] == 0
+    assert paired["delta_block-b2-L4 vs attnres_block-b2-L4"]["relative_differences"] == pytest.approx([0.25])
+    rows = format_table(summarise(results), paired).splitlines()
+    delta_row = next(row for row in rows if row.startswith("delta ") and "| 4 " in row)
+    assert "-2.5 % (1/2 below)" in delta_row and "+20.0 % (0/2 below)" in delta_row
+
+
+def test_the_sharpness_per_depth_band_is_summarised_over_seeds():
+    def result(seed, late):
+        bands = {band: {"mean_max_weight": 0.5, "max_above_uniform": 0.25, "entropy_sharpness": 0.1}
+                 for band in ("early", "middle")}  # fmt: skip
+        bands["late"] = {"mean_max_weight": late, "max_above_uniform": 0.5, "entropy_sharpness": 0.3}
+        return {"mode": "delta", "num_blocks": None, "layers": 4, "seed": seed, "group": "delta-L4", "val_ppl": 10.0,
+                "tokens_per_s": 1.0, "bands": bands}  # fmt: skip
+
+    entry = summarise([result(0, 0.4), result(1, 0.6)])["delta-L4"]
+    assert entry["bands"]["late"]["mean_max_weight"]["mean"] == pytest.approx(0.5)
+    assert entry["bands"]["early"]["entropy_sharpness"]["values"] == [0.1, 0.1]
+    row = format_band_table(summarise([result(0, 0.4)])).splitlines()[1]
+    assert [cell.strip() for cell in row.split(" | ")[2:]] == [
+        "0.500 / 0.250 / 0.100", "0.500 / 0.250 / 0.100", "0.400 / 0.500 / 0.300"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--", "--data", "d", "--seed", "3"], "--seed: set by the study for each run; leave it out"),
+        (["--depths", "2", "--modes", "delta_block", "--", "--data", "d"],
+         "--num-blocks 4 must be between 1 and the depth, here 2"),
+        (["--seeds", "1", "1", "--", "--data", "d"], "--seeds must be distinct, got [1, 1]"),
+    ],
+)
+def test_bad_study_options_are_one_line_and_exit_2(tmp_path, capsys, extra, message):
+    assert main(["study", "--out", str(tmp_path / "study"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"delta-qwen3 study: error: {message}")
+    assert not (tmp_path / "study").exists()
+
+
+@pytest.fixture(scope="module")
+def shared_options(tmp_path_factory, tokenizer) -> list[str]:
+    base = tmp_path_factory.mktemp("study-inputs")
+    tokenizer.save_pretrained(base / "tokenizer")
+    corpus = write_corpus(base / "python_docs.jsonl")
+    return ["--data", str(corpus), "--tokenizer", str(base / "tokenizer"), "--seq-len", "32", "--batch-size", "4",
+            "--val-blocks", "8", "--max-steps", "6", "--warmup-steps", "2", "--lr", "3e-3", "--log-every", "2",
+            "--eval-every", "3", "--save-every", "2"]  # fmt: skip
+
+
+def study(out, shared: list[str], *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "delta_qwen3.cli", "study", "--out", str(out), "--modes", "baseline",
+               "delta_block", "--depths", "2", "--seeds", "0", "--num-blocks", "2", "--", *shared, *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def comparable(results: dict) -> list[dict]:
+    """Everything a run reports but its speed."""
+    return [{k: v for k, v in run.items() if k != "tokens_per_s"} for run in results["runs"]]
+
+
+@pytest.mark.slow
+def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through(tmp_path, shared_options):
+    whole = study(tmp_path / "whole", shared_options)
+    assert whole.returncode == 0, whole.stderr
+    expected = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert [run["group"] for run in expected["runs"]] == ["baseline-L2", "delta_block-b2-L2"]
+    assert expected["runs"][1]["mean_max_weight_multi_source"] is not None
+    assert [step for step, _ in expected["runs"][0]["val_loss_curve"]] == [0, 3, 6]
+    # Two layers in two blocks: two points with two sources, too few for three depth bands.
+    assert [point["num_sources"] for point in expected["runs"][1]["points"]] == [1, 2, 2]
+    assert expected["runs"][1]["bands"] == {}
+    assert expected["paired"]["delta_block-b2-L2 vs baseline-L2"]["pairs"] == 1
+    for name in ("ppl_vs_depth.png", "routing_sharpness_by_band.png", "paired_differences.png", "val_loss_curves.png"):
+        assert (tmp_path / "whole" / name).read_bytes()[:4] == b"\x89PNG"
+    assert "baseline" in whole.stdout and "delta_block (2 blocks)" in whole.stdout
+
+    stopped = study(tmp_path / "split", shared_options, "--stop-after-step", "3")
+    assert stopped.returncode == 1
+    assert stopped.stderr.splitlines()[-1] == ("delta-qwen3 study: error: run baseline-L2-s0 stopped before its last "
+                                               "step (--stop-after-step); run the study again without it to continue")  # fmt: skip
+    resumed = study(tmp_path / "split", shared_options)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout + resumed.stderr
+    assert comparable(json.loads((tmp_path / "split" / "results.json").read_text())) == comparable(expected)
+
+    # Finished runs are read back, not run again.
+    results = sorted((tmp_path / "split" / "runs").glob("*/result.json"))
+    stamps = [path.stat().st_mtime_ns for path in results]
+    again = study(tmp_path / "split", shared_options)
+    assert again.returncode == 0 and "-m finetune" not in again.stdout
+    assert [path.stat().st_mtime_ns for path in results] == stamps
+
+
+def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path, capsys):
+    out = tmp_path / "study"
+    options = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "1", "--report-only",
+               "--", "--data", "d", "--tokenizer", "t"]  # fmt: skip
+    assert main(options) == 2
+    assert f"--out {out} has no finished run of this study yet" in capsys.readouterr().err
+    run = Run("baseline", 2, 0)
+    (out / "runs" / run.name).mkdir(parents=True)
+    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
+              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
+    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    assert main(options) == 0
+    captured = capsys.readouterr()
+    assert "not finished yet, left out: baseline-L2-s1" in captured.err
+    assert "12.50 ± 0.00" in captured.out
+    assert json.loads((out / "results.json").read_text())["runs"] == [result]
+    assert not (out / "runs" / "baseline-L2-s1").exists()  # nothing was trained
