@@ -231,14 +231,18 @@ def check_ids(profile: Profile, seed: int = 1) -> torch.Tensor:
 
 
 def routing_implementations(profile: Profile, section: SectionRecord) -> list[str]:
-    """The implementations to compare with the reference here: fla's kernel only on CUDA with the package."""
-    from modeling_delta_qwen3 import routing_fla
+    """The implementations to compare with the reference: every other one that runs here (fla's kernel only on
+    CUDA with the package)."""
+    from modeling_delta_qwen3.routing import IMPLEMENTATIONS
 
-    names = ["buffer", "compiled"]
-    if (reason := routing_fla.fla_unavailable(torch.zeros(1, device=profile.device))) is None:
-        names.append("fla")
-    else:
-        section.not_run("fla", reason)
+    names = []
+    for name, implementation in IMPLEMENTATIONS.items():
+        if name == "reference":
+            continue
+        if (reason := implementation.unavailable(torch.zeros(1, device=profile.device))) is None:
+            names.append(name)
+        else:
+            section.not_run(name, reason)
     return names
 
 

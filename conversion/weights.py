@@ -14,7 +14,7 @@ from delta_qwen3.errors import CommandError
 from delta_qwen3.jsonl import json_text
 import modeling_delta_qwen3
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3PreTrainedModel
-from modeling_delta_qwen3.routing import RoutingPoint
+from modeling_delta_qwen3.routing_points import RoutingPoint
 
 from .source import WEIGHTS_INDEX_NAME, SourceCheckpoint
 

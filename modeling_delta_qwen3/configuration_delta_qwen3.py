@@ -6,7 +6,6 @@ from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 ROUTING_MODES = ("delta", "delta_block", "attnres_full", "attnres_block")
 DELTA_MODES = ("delta", "delta_block")
 BLOCK_MODES = ("delta_block", "attnres_block")
-ROUTING_IMPLEMENTATIONS = ("reference", "buffer", "fla", "compiled")
 
 # Written into every saved config.json so that every Auto class resolves to the code saved next to it, whichever
 # class the model was saved from.
@@ -18,12 +17,6 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_delta_qwen3.DeltaQwen3ForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_delta_qwen3.DeltaQwen3ForQuestionAnswering",
 }
-
-
-def check_routing_implementation(name: str | None) -> None:
-    """Raises a `ValueError` naming the choices unless `name` is one of them (or None, the default)."""
-    if name not in (None, *ROUTING_IMPLEMENTATIONS):
-        raise ValueError(f"routing_implementation={name!r} is not one of {', '.join(ROUTING_IMPLEMENTATIONS)}")
 
 
 @strict
@@ -80,7 +73,6 @@ class DeltaQwen3Config(Qwen3Config):
                 f"routing_gate=True is only allowed with the delta modes ({', '.join(DELTA_MODES)}), "
                 f"not with routing_mode={self.routing_mode!r}"
             )
-        check_routing_implementation(self.routing_implementation)
         if getattr(self, "auto_map", None) is None:
             self.auto_map = dict(AUTO_MAP)
 

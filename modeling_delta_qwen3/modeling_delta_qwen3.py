@@ -39,13 +39,13 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 # Loading remote code from a local directory, older Transformers (5.5 among them) copy only the files that this
 # file imports itself: so it imports every module of the package, including those only the routing uses.
 # (`from .module import name`: the form they recognise.)
-from .routing_buffer import SourceBuffer  # noqa: F401
+from .routing_buffer import buffer_sources  # noqa: F401
 from .routing_compiled import CompiledSources  # noqa: F401
 from .routing_fla import FlaSources  # noqa: F401
 from .routing_math import compute_dtype  # noqa: F401
+from .routing_points import RoutingPoint
 from .routing_reference import depth_mix  # noqa: F401
-from .configuration_delta_qwen3 import check_routing_implementation
-from .routing import DepthState, RoutingPoint, plan_routing
+from .routing import DepthState, check_routing_implementation, plan_routing
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
 # with checkpoints and runs inside whichever Transformers a user has, so it speaks the installed version's name.
@@ -243,6 +243,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
 
     def __init__(self, config: DeltaQwen3Config):
         _check_vllm_compilation(config)
+        check_routing_implementation(config.routing_implementation)
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
@@ -359,7 +360,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
                 state = state.with_carried(result[len(DecoderLayerOutput._fields) :])
             all_hidden_states.append(layer_output.hidden_state)
             all_attentions.append(layer_output.attn_weights)
-        hidden_states = self.norm(state.final_hidden(self.final_route))
+        hidden_states = self.norm(state.final_hidden())
         return DeltaQwen3ModelOutput(
             last_hidden_state=hidden_states,
             routing_weights=state.routing_weights_by_token() if output_routing_weights else None,

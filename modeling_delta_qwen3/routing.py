@@ -9,60 +9,78 @@ replaces it. Each mode is one small `DepthState` below:
     attnres_full   h_hat_s = mix_s([h_0, v_0, ..., v_{s-1}]);    output = mix_final(all sources)
     attnres_block  h_hat_s = mix_s([B_0, ..., B_{j-1}, P]);     output = mix_final([B_0, ..., B_last])
 
-Sublayer 0 is never routed: its input is `h_0`.
+Sublayer 0 is never routed: its input is `h_0`. Only the delta modes have gates (the configuration refuses them
+elsewhere), so every point computes `residual + gamma * mix` with the residual 0 and `gamma` 1 where a mode has
+none.
 
-Which implementation computes the routing points' mixtures is `config.routing_implementation` (see
-`IMPLEMENTATIONS`), decided once per forward pass with everything else that depends on the mode and the situation,
-in a `RoutingPlan` (`plan_routing`).
+Which implementation computes the routing points' mixtures is `config.routing_implementation`, a name of
+`IMPLEMENTATIONS`. Everything a forward pass decides once (implementation, the mode's state, capacity, autograd,
+compilation) is in its `RoutingPlan` (`plan_routing`); the points' parameters are resolved once per point into plain
+tensors (`PointTable`), which is all an implementation sees of them.
 """
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-from torch import nn
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from .configuration_delta_qwen3 import ROUTING_IMPLEMENTATIONS, DeltaQwen3Config, check_routing_implementation
-from .routing_buffer import SourceBuffer
-from .routing_buffer import new_sources as buffer_sources
-from .routing_compiled import new_sources as compiled_sources
-from .routing_fla import fla_unavailable
-from .routing_fla import new_sources as fla_sources
+from .configuration_delta_qwen3 import DeltaQwen3Config
+from .routing_buffer import buffer_sources
+from .routing_compiled import CompiledSources
+from .routing_fla import FlaSources, fla_unavailable
+from .routing_points import PointTable, ResolvedPoint, RoutingPoint
 from .routing_reference import SourceList
-from .routing_reference import new_sources as reference_sources
 
-# Each implementation's `new_sources(h0, eps, capacity, points)`: the object a forward pass appends its
-# sources to and routes its points through (`append(x)`, `route(point, residual, extra)`, `to(...)`).
+
+class Sources(Protocol):
+    """The sources of one forward pass, made by an implementation as `sources(h0, plan, table)` (`h0` is not yet
+    appended), and the routing of each point over them."""
+
+    def append(self, x: torch.Tensor) -> None:
+        """Adds a source, shaped like `h0`."""
+
+    def route(self, point: ResolvedPoint, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gate * mix` (the residual 0 and the gate 1 when None) over the sources and `extra`, a source
+        this point alone reads; and the routing weights `[tokens, n_sources]`."""
+
+    def to(self, *args, **kwargs) -> "Sources":
+        """The sources moved like `Tensor.to` (accelerate's device hooks move the depth state between layers)."""
+
+    # Only implementations that route layers recomputed by gradient checkpointing (`Implementation.recomputed`):
+    def carried(self) -> list[torch.Tensor]:
+        """Every tensor held that gradients flow through, in the order `with_carried` takes them back."""
+
+    def with_carried(self, tensors: Iterator[torch.Tensor], table: "PointTable") -> "Sources":
+        """A copy holding the next of `tensors` in place of `carried()`, and the points' parameters of `table`."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A routing implementation: how it makes a forward pass's `Sources`, why it cannot route hidden states like a
+    given tensor (None when it can), and, where it cannot route layers that gradient checkpointing recomputes, why."""
+
+    sources: Callable[..., Sources]
+    unavailable: Callable[[torch.Tensor], str | None] = lambda like: None
+    not_recomputable: str | None = None
+
+
 IMPLEMENTATIONS = {
-    "reference": reference_sources,
-    "buffer": buffer_sources,
-    "fla": fla_sources,
-    "compiled": compiled_sources,
+    "reference": Implementation(SourceList),
+    "buffer": Implementation(
+        buffer_sources,
+        not_recomputable="it writes its sources in place, and a layer's recomputation would write them again",
+    ),
+    "fla": Implementation(FlaSources, unavailable=fla_unavailable),
+    "compiled": Implementation(CompiledSources),
 }
-assert tuple(IMPLEMENTATIONS) == ROUTING_IMPLEMENTATIONS
 
 
-class RoutingPoint(nn.Module):
-    """A query `q_p`, an RMSNorm weight `g_p` and, when gated, a scalar gate `gamma_p` (all initialised so that
-    routing starts uniform and, gated, switched off)."""
-
-    def __init__(self, hidden_size: int, eps: float, gated: bool):
-        super().__init__()
-        self.query = nn.Parameter(torch.zeros(hidden_size))
-        self.norm = Qwen3RMSNorm(hidden_size, eps=eps)
-        self.gate = nn.Parameter(torch.zeros(())) if gated else None
-
-    def query_and_norm_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """`q_p` and `g_p`, read from the modules' parameter registries: `self.query` goes through
-        `nn.Module.__getattr__`, slow enough that two or three reads per point count in decoding a token. Falls back
-        to attribute access where a wrapper has swapped a parameter for a plain tensor (FSDP1 without
-        `use_orig_params`)."""
-        query, norm_weight = self._parameters.get("query"), self._modules["norm"]._parameters.get("weight")
-        if query is None or norm_weight is None:
-            return self.query, self.norm.weight
-        return query, norm_weight
+def check_routing_implementation(name: str | None) -> None:
+    """Raises a `ValueError` naming the choices unless `name` is one of them (or None, the default)."""
+    if name is not None and name not in IMPLEMENTATIONS:
+        raise ValueError(f"routing_implementation={name!r} is not one of {', '.join(IMPLEMENTATIONS)}")
 
 
 def _blocks_formed(config: DeltaQwen3Config) -> int:
@@ -71,19 +89,19 @@ def _blocks_formed(config: DeltaQwen3Config) -> int:
 
 
 class DepthState:
-    """What one forward pass carries over depth: the sources routed over (see `IMPLEMENTATIONS`), the
-    routing weights so far, and each mode's own tensors.
+    """What one forward pass carries over depth: the points' parameters (`PointTable`), the sources routed over
+    (made by the plan's implementation), the routing weights so far, and each mode's own tensors.
 
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
     """
 
-    # The tensors of the state's own, besides its sources (`carried`); subclasses add theirs.
+    # The tensors of the state's own, besides its table's and its sources' (`carried`); subclasses add theirs.
     TENSORS: tuple[str, ...] = ("h0",)
 
     def __init__(self, h0: torch.Tensor, config: DeltaQwen3Config, plan: "RoutingPlan"):
         self.layers_per_block = config.layers_per_block
-        new_sources = IMPLEMENTATIONS[plan.implementation]
-        self.sources = new_sources(h0, config.rms_norm_eps, self.capacity(config), plan.points)
+        self.table = PointTable(plan.points, h0)
+        self.sources = IMPLEMENTATIONS[plan.implementation].sources(h0, plan, self.table)
         self.routing_weights: list[torch.Tensor] = []
         self.h0 = h0
         self.sources.append(h0)
@@ -96,7 +114,9 @@ class DepthState:
     def starts_block(self, layer_idx: int) -> bool:
         return layer_idx > 0 and layer_idx % self.layers_per_block == 0
 
-    def _route(self, point: RoutingPoint, residual=None, extra=None) -> torch.Tensor:
+    def _route(self, residual=None, extra=None) -> torch.Tensor:
+        """Routes the next point: the points run in the plan's order, one routing weight tensor each."""
+        point = self.table.resolve(len(self.routing_weights))
         routed, weights = self.sources.route(point, residual, extra)
         self.routing_weights.append(weights)
         return routed
@@ -110,7 +130,8 @@ class DepthState:
         """Called before layer `layer_idx` routes its attention input."""
 
     def routed_input(self, point: RoutingPoint | None) -> torch.Tensor:
-        """The input `h_hat_s` of the next sublayer; `point` is None for sublayer 0, which is never routed."""
+        """The input `h_hat_s` of the next sublayer, whose routing point is `point`: None for sublayer 0, which is
+        never routed. The points run in the plan's order, so the state knows which one runs next."""
         raise NotImplementedError
 
     def layer_hidden_state(self, attn_input: torch.Tensor) -> torch.Tensor:
@@ -122,21 +143,22 @@ class DepthState:
         """Hand back the output `v_s` of the sublayer that just ran."""
         raise NotImplementedError
 
-    def final_hidden(self, final_point: RoutingPoint | None) -> torch.Tensor:
-        """The hidden state that goes into the final norm."""
+    def final_hidden(self) -> torch.Tensor:
+        """The hidden state that goes into the final norm (through the final point in the AttnRes modes)."""
         raise NotImplementedError
 
     def carried(self) -> list[torch.Tensor]:
         """Every tensor the state holds that gradients flow through, in an order `with_carried` takes them back in."""
         own = (getattr(self, name) for name in self.TENSORS)
-        return [*self.sources.carried(), *(tensor for tensor in own if tensor is not None)]
+        return [*self.table.carried(), *self.sources.carried(), *(tensor for tensor in own if tensor is not None)]
 
     def with_carried(self, tensors: Iterable[torch.Tensor]) -> "DepthState":
         """A copy of the state holding `tensors` in place of `carried()`: what a layer recomputed by gradient
         checkpointing works on, so that the state it was given stays as it was."""
         tensors = iter(tensors)
         copied = copy.copy(self)
-        copied.sources = self.sources.with_carried(tensors)
+        copied.table = self.table.with_carried(tensors)
+        copied.sources = self.sources.with_carried(tensors, copied.table)
         for name in self.TENSORS:
             if getattr(self, name) is not None:
                 setattr(copied, name, next(tensors))
@@ -148,9 +170,10 @@ class DepthState:
     def to(self, *args, **kwargs) -> "DepthState":
         """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
         moved = copy.copy(self)
-        for name, value in vars(self).items():
-            if isinstance(value, (torch.Tensor, SourceBuffer, SourceList)):
-                setattr(moved, name, value.to(*args, **kwargs))
+        moved.table, moved.sources = self.table.to(*args, **kwargs), self.sources.to(*args, **kwargs)
+        for name in self.TENSORS:
+            if getattr(self, name) is not None:
+                setattr(moved, name, getattr(self, name).to(*args, **kwargs))
         return moved
 
 
@@ -166,13 +189,13 @@ class _AdditiveState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.hidden
-        return self._route(point, residual=self.hidden)
+        return self._route(residual=self.hidden)
 
     def layer_hidden_state(self, attn_input):
         """The residual stream at the layer boundary, as in Qwen3."""
         return self.hidden
 
-    def final_hidden(self, final_point):
+    def final_hidden(self):
         return self.hidden
 
 
@@ -224,13 +247,13 @@ class AttnResFullState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.h0
-        return self._route(point)
+        return self._route()
 
     def add_output(self, v):
         self.sources.append(v)
 
-    def final_hidden(self, final_point):
-        return self._route(final_point)
+    def final_hidden(self):
+        return self._route()
 
 
 class AttnResBlockState(DepthState):
@@ -259,14 +282,14 @@ class AttnResBlockState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.h0
-        return self._route(point, extra=self.partial)
+        return self._route(extra=self.partial)
 
     def add_output(self, v):
         self.partial = v if self.partial is None else self.partial + v
 
-    def final_hidden(self, final_point):
+    def final_hidden(self):
         self._close_block()
-        return self._route(final_point)
+        return self._route()
 
 
 DEPTH_STATES: dict[str, type[DepthState]] = {
@@ -280,12 +303,17 @@ DEPTH_STATES: dict[str, type[DepthState]] = {
 @dataclass(frozen=True)
 class RoutingPlan:
     """What one forward pass decides once about its routing: the implementation that routes (a name of
-    `IMPLEMENTATIONS`), the mode's depth state, and the routing points in the order they run. A forward pass
+    `IMPLEMENTATIONS`), the mode's depth state, the routing points in the order they run, the most sources held at
+    once, RMSNorm's eps, and whether autograd records the pass and `torch.compile` traces it. A forward pass
     depends on nothing but its arguments: no routing state is kept from one decoding step to the next."""
 
     implementation: str
     state_class: type[DepthState]
     points: list[RoutingPoint]
+    capacity: int
+    eps: float
+    grad: bool
+    compiling: bool
 
     def start(self, h0: torch.Tensor, config: DeltaQwen3Config) -> DepthState:
         """The depth state of a forward pass whose embeddings are `h0`."""
@@ -296,7 +324,7 @@ def resolve_implementation(requested: str | None, h0: torch.Tensor, checkpointin
     """The implementation that routes hidden states like `h0`, in layers that gradient checkpointing recomputes or
     not: `requested` when it can, else a `ValueError` that says why; by default, under `torch.compile` the compiled
     one, else fla's kernel where it runs, else the buffer, or under gradient checkpointing the compiled one. Checked
-    here too: `from_pretrained` sets the field after the configuration's own checks."""
+    here too: `from_pretrained` sets the field after the model's own check."""
     check_routing_implementation(requested)
     if requested is None:
         if torch.compiler.is_compiling():
@@ -304,13 +332,13 @@ def resolve_implementation(requested: str | None, h0: torch.Tensor, checkpointin
         if fla_unavailable(h0) is None:
             return "fla"
         return "compiled" if checkpointing else "buffer"
-    if requested == "fla" and (reason := fla_unavailable(h0)) is not None:
-        raise ValueError(f"routing_implementation='fla' cannot route this forward pass: {reason}")
-    if requested == "buffer" and checkpointing:
+    implementation = IMPLEMENTATIONS[requested]
+    if (reason := implementation.unavailable(h0)) is not None:
+        raise ValueError(f"routing_implementation={requested!r} cannot route this forward pass: {reason}")
+    if checkpointing and implementation.not_recomputable is not None:
         raise ValueError(
-            "routing_implementation='buffer' cannot route layers that gradient checkpointing recomputes: it writes "
-            "its sources in place, and a layer's recomputation would write them again; use 'compiled', the default "
-            "under gradient checkpointing"
+            f"routing_implementation={requested!r} cannot route layers that gradient checkpointing recomputes: "
+            f"{implementation.not_recomputable}; use 'compiled', the default under gradient checkpointing"
         )
     return requested
 
@@ -321,4 +349,13 @@ def plan_routing(
     """The routing plan of a forward pass from `h0` through `points`, in layers that gradient checkpointing
     recomputes or not."""
     implementation = resolve_implementation(config.routing_implementation, h0, checkpointing)
-    return RoutingPlan(implementation, DEPTH_STATES[config.routing_mode], points)
+    state_class = DEPTH_STATES[config.routing_mode]
+    return RoutingPlan(
+        implementation,
+        state_class,
+        points,
+        capacity=state_class.capacity(config),
+        eps=config.rms_norm_eps,
+        grad=torch.is_grad_enabled(),
+        compiling=torch.compiler.is_compiling(),
+    )

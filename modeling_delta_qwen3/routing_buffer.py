@@ -1,15 +1,22 @@
 """The `"buffer"` routing implementation, the default in eager mode without flash-linear-attention: the sources a
 forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or time.
 
-For a routing point `p` with query `q`, norm weight `g` and optional gate `gamma`, over sources `x_1 .. x_n`:
+For a routing point `p` with `w = q * g` (query times norm weight) and optional gate `gamma`, over sources
+`x_1 .. x_n` (the formulas are in `routing_math.py`):
 
-    alpha_j = softmax_j( q . RMSNorm_g(x_j) ) = softmax_j( r_j * (x_j . w) ),   w = q * g,  r_j = 1 / RMS(x_j)
-    out     = residual + gamma * sum_j alpha_j x_j          (additive routing)
+    alpha_j = softmax_j( q . RMSNorm_g(x_j) ) = softmax_j( r_j * (x_j . w) ),   r_j = 1 / RMS(x_j)
+    out     = residual + gamma * sum_j alpha_j x_j          (additive routing; gamma 1 without a gate)
     out     = sum_j alpha_j x_j                             (replacement routing: no residual, no gate)
 
-`SourceBuffer`, the default, copies each source once into one `[capacity, tokens, D]` buffer together with its
-`r_j`, so that a routing point is a few batched matrix products however many sources it reads. Its backward pass
-is written by hand:
+Each source is copied once into one `[capacity, tokens, D]` buffer together with its `r_j`, so that a routing point
+is a few batched matrix products however many sources it reads. A forward pass is in one of three regimes, chosen
+once by `buffer_sources`, each its own class:
+
+- `PromptBuffer`: without autograd, several tokens (a prompt, or a decoding step of several sequences).
+- `TrainingBuffer`: with autograd; its backward pass is written by hand (below).
+- `OneTokenBuffer`: a decoding step of one sequence, in products over `[1, 1, D]`-shaped operands.
+
+The training regime's backward pass:
 
 - A routing point saves a view of the buffer, never a stacked or normalised copy of its sources (plain autograd
   would save one per point: memory quadratic in depth). The sources themselves are not kept anywhere else.
@@ -19,17 +26,17 @@ is written by hand:
   and its per-token coefficients, and a source's gradient is assembled in one batched product when autograd
   reaches the source: after every point that reads it, because each point takes the latest source's `token`, and
   each source's token is an input of the next source's.
-- When every point's `w_p` is known before the forward pass (`upfront_queries`: the parameters are ordinary
-  tensors on one device, not sharded or offloaded), each source's logits `r_j (x_j . w_p)` against all later
-  points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one more when
-  its gradient is assembled: both read the source while it is in cache, instead of once more at every point that
-  reads it. Without autograd too: a prompt's forward pass then reads each source once per point instead of twice.
-  A decoding step takes each point's logits when it runs, from its row of the `w_p` (see `_SourceStorage`); it
-  keeps nothing for the next step, which depends on its arguments alone (an exported program carries no more).
-- With the gates known up front too (`upfront_gates`), a point that reads no extra source leaves its backward
-  pass to its newest source (`_deferred_point_backward`): there, the dot products of the sources with the output
-  gradients of every point whose newest source it is are one batched product, which reads each source once for
-  all of them rather than once per point.
+- When every point's `w_p` is known before the forward pass (`routing.PointTable` stacks them when the parameters
+  are ordinary tensors on one device, not sharded or offloaded), each source's logits `r_j (x_j . w_p)` against
+  all later points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one
+  more when its gradient is assembled: both read the source while it is in cache, instead of once more at every
+  point that reads it. Without autograd too: a prompt's forward pass then reads each source once per point
+  instead of twice. A decoding step takes each point's logits when it runs (see `_ManyTokenStorage`); it keeps
+  nothing for the next step, which depends on its arguments alone (an exported program carries no more).
+- With the gates stacked up front too, a point that reads no extra source leaves its backward pass to its newest
+  source (`_deferred_point_backward`): there, the dot products of the sources with the output gradients of every
+  point whose newest source it is are one batched product, which reads each source once for all of them rather
+  than once per point.
 """
 
 import math
@@ -44,45 +51,303 @@ from .routing_math import (
     inverse_rms_gradient,
     logits_against_points,
     mixture_backward,
-    point_query,
+    one_token_logits,
+    padded_norm,
     routing_weights,
     score_gradients,
     weighted_sum,
 )
 from .routing_math import logits as point_logits
 
-def upfront_queries(points: list, like: torch.Tensor) -> torch.Tensor | None:
-    """`w_p = q_p * g_p` of every routing point, in the order the points run, `[points, D]`, for hidden states like
-    `like`; None when the points' parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
-    DeepSpeed, offloaded, on another device): their values are then known only when each point runs."""
-    queries, norm_weights = zip(*(point.query_and_norm_weight() for point in points))
-    queries, norm_weights = _stacked_on(queries, like.device), _stacked_on(norm_weights, like.device)
-    if queries is None or norm_weights is None or not queries.shape[1:] == norm_weights.shape[1:] == like.shape[-1:]:
-        return None
-    return point_query(queries, norm_weights, compute_dtype(like.dtype))
+
+def buffer_sources(h0: torch.Tensor, plan, table):
+    """The buffer's sources for a forward pass from `h0` (see `routing.Sources`), in the regime of that pass. Under
+    `torch.compile` they append and route eagerly between the compiled graphs: the training regime's autograd
+    functions keep state from call to call, which Dynamo cannot trace."""
+    if plan.grad:
+        sources = TrainingBuffer(h0, plan, table)
+    elif h0.shape[:-1].numel() == 1:
+        sources = OneTokenBuffer(h0, plan, table)
+    else:
+        sources = PromptBuffer(h0, plan, table)
+    return _BetweenGraphs(sources) if plan.compiling else sources
 
 
-def upfront_gates(points: list, like: torch.Tensor) -> torch.Tensor | None:
-    """`gamma_p` of every routing point in order, `[points]`: with autograd, each point's gate gradient can then be
-    taken with its sources' gradients (see `_deferred_point_backward`); in a decoding step, the gates are read as
-    numbers once (see `mix_one_token`). None when a point has no gate, or when the gates are not whole ordinary
-    tensors on `like`'s device (see `upfront_queries`)."""
-    gates = [point.gate for point in points]
-    if any(gate is None for gate in gates):
-        return None
-    gates = _stacked_on(gates, like.device)
-    return gates if gates is not None and gates.shape == (len(points),) else None
+class _BetweenGraphs:
+    """Sources whose appending and routing `torch.compile` leaves out of its graphs."""
+
+    def __init__(self, sources):
+        self.sources = sources
+
+    @torch.compiler.disable
+    def append(self, x: torch.Tensor) -> None:
+        self.sources.append(x)
+
+    @torch.compiler.disable
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sources.route(point, residual, extra)
+
+    def to(self, *args, **kwargs) -> "_BetweenGraphs":
+        self.sources = self.sources.to(*args, **kwargs)
+        return self
 
 
-def _stacked_on(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
-    """`torch.stack(tensors)` when they are ordinary tensors on `device`, else None (sharded, offloaded, on other
-    devices or of different sizes). Checked once on the result rather than per tensor: decoding a token pays for
-    every check."""
-    try:
-        stacked = torch.stack(tensors)
-    except RuntimeError:  # on different devices, or of different sizes
-        return None
-    return stacked if type(stacked) is torch.Tensor and stacked.device == device else None
+def _slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+    """Each slot of `buffer` along its first dimension, through an alias that autograd does not track, made once
+    per forward pass: in generation, indexing a tensor costs as much as the arithmetic."""
+    return None if buffer is None else buffer.data.unbind(0)
+
+
+class _ManyTokenStorage:
+    """The buffers of a forward pass over several tokens, and a routing point's forward pass over them (`mix`).
+
+    The buffers are written through aliases that autograd does not track (`.data`), which do not count as
+    modifying them: routing points save views of the slots written before them, and under autograd a slot is never
+    written twice.
+
+    Logits are taken up front when the queries are stacked, except in a decoding step (one position per sequence,
+    without autograd): a point's few sources then stay in cache from its own logits to its mixture, whereas logits
+    up front read all the queries once more per source, after the layer in between has evicted them. The inverse
+    RMS are kept only for a backward pass or for points that compute their own logits."""
+
+    keeps_for_backward = False
+
+    def __init__(self, h0: torch.Tensor, plan, table):
+        self.capacity, self.max_points = plan.capacity, len(plan.points)
+        self.queries = table.queries  # [points, D] or None
+        self.shape, self.dtype, self.acc = h0.shape, h0.dtype, compute_dtype(h0.dtype)
+        self.count = 0  # sources written
+        self.points = 0  # routing points evaluated
+        keep = self.keeps_for_backward
+        tokens, hidden = h0.shape[:-1].numel(), h0.shape[-1]
+        decoding = h0.shape[-2] == 1 and not keep
+        self.logits_up_front = self.queries is not None and not decoding
+        self.values = h0.new_empty(self.capacity, tokens, hidden)  # in the model's dtype
+        # [capacity, tokens] in the compute dtype, when kept
+        self.inv_rms = h0.new_empty(self.capacity, tokens, dtype=self.acc) if keep or not self.logits_up_front else None
+        # [capacity, points, tokens]: r_j (x_j . w_p), when kept
+        self.logits = (
+            h0.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
+            if keep or self.logits_up_front
+            else None
+        )
+        self._eps = h0.new_full((), plan.eps, dtype=self.acc)
+        self._weight_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.acc)  # see `_weights`
+        self._make_views()
+
+    def _make_views(self) -> None:
+        """The views that writing a source and routing a point index: each slot of each buffer, the values' and
+        inverse RMS' shaped like the sources, each point's logits."""
+        self._value_slots = _slots(self.values.view(self.capacity, *self.shape))
+        inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
+        self._inv_rms_slots, self._logit_slots = _slots(inv_rms), _slots(self.logits)
+        self._queries = None if self.queries is None else self.queries.data
+        self._logits_by_point = None if self.logits is None else self.logits.data.unbind(1)
+        self._weight_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def write(self, x: torch.Tensor) -> None:
+        slot = self.count
+        self._value_slots[slot].copy_(x)
+        x = as_dtype(x, self.acc)
+        r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
+        if self.logits_up_front:  # the logits against the points still to run
+            later = slice(self.points, self.max_points)
+            source = x.reshape(-1, x.shape[-1])
+            logits_against_points(self._queries[later], source, r.view(-1), out=self._logit_slots[slot][later])
+        self.count += 1
+
+    def mix(self, point, residual, extra):
+        """A routing point's forward pass over every source written so far; returns the routed tensor, the
+        routing weights `[sources, tokens]`, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources,
+        tokens]` that its backward pass needs."""
+        n, p = self.count, point.index
+        self.points = p + 1
+        values = self.values[:n]
+        _, tokens, hidden = values.shape
+        acc = self.acc
+        x = as_dtype(values, acc)
+        inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
+        if self.logits_up_front:
+            logits = self._logits_by_point[p][:n]
+        else:  # into the logits buffer when there is one, for the backward pass
+            out = None if self.logits is None else self._logits_by_point[p][:n]
+            logits = point_logits(x, point.w, inv_rms, out=out)
+        if extra is not None:
+            e = as_dtype(extra.reshape(tokens, hidden), acc)
+            extra_inv_rms = inverse_rms(e, self._eps)[None]
+            logits = torch.cat([logits, point_logits(e, point.w, extra_inv_rms[0])[None]])
+            inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
+        # Softmax along the tokens' contiguous axis, many times faster than along a short last axis of sources.
+        alpha = routing_weights(logits, sources_dim=0)  # [sources, tokens]
+        weights, weights_by_token = self._weights(alpha.shape[0])
+        if point.gate is None:
+            weights.copy_(alpha)
+        else:
+            torch.mul(alpha, as_dtype(point.gate, acc), out=weights)
+        residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), acc)
+        out = weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
+        if extra is not None:
+            out.addcmul_(e[:, None], weights_by_token[:, :, n:])
+        return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
+
+    def _weights(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reused buffer for the mixture's weights, as written `[sources, tokens]` and as read `[tokens, 1,
+        sources]`: contiguous for the batched product, whose per-token weights make it 15-25x slower on CPU when
+        strided."""
+        if sources not in self._weight_buffers:
+            tokens = self.shape[:-1].numel()
+            by_token = self._weight_scratch[: tokens * sources].view(tokens, 1, sources)
+            self._weight_buffers[sources] = by_token.view(tokens, sources).T, by_token
+        return self._weight_buffers[sources]
+
+    def to(self, *args, **kwargs) -> None:
+        """Moves the buffers to another device in place: points already evaluated hold the storage and read its
+        counts in the backward pass."""
+        self.values = self.values.to(*args, **kwargs)
+        device = self.values.device
+        for name in ("inv_rms", "logits", "queries", "_eps", "_weight_scratch"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device=device))
+        self._make_views()
+
+
+class PromptBuffer(_ManyTokenStorage):
+    """The sources of a forward pass without autograd over several tokens."""
+
+    def append(self, x: torch.Tensor) -> None:
+        self.write(x)
+
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `routing.Sources.route`."""
+        routed, alpha = self.mix(point, residual, extra)[:2]
+        return routed, alpha.T
+
+    def to(self, *args, **kwargs) -> "PromptBuffer":
+        super().to(*args, **kwargs)
+        return self
+
+
+class _TrainingStorage(_ManyTokenStorage):
+    """The buffers of a forward pass that autograd records, shared with the backward passes of its routing points,
+    and what those leave for the sources' gradients (`backward_store`)."""
+
+    keeps_for_backward = True
+
+    def __init__(self, h0: torch.Tensor, plan, table):
+        super().__init__(h0, plan, table)
+        self.gates = table.gates  # [points] or None
+        self.deferred: list[bool] = []  # per point, whether its backward pass is left to its newest source
+        self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
+        self.store: _BackwardStore | None = None
+
+    def write(self, x: torch.Tensor) -> None:
+        super().write(x)
+        self.first_reader.append(self.points)
+
+    def backward_store(self) -> "_BackwardStore":
+        if self.store is None:
+            _, tokens, hidden = self.values.shape
+            self.store = _BackwardStore(
+                self.max_points, self.capacity, tokens, hidden, self.values, self.acc, self.queries is not None
+            )
+        return self.store
+
+
+class TrainingBuffer:
+    """The sources of a forward pass that autograd records: appending and routing are autograd functions whose
+    backward passes are written by hand (see the module docstring)."""
+
+    def __init__(self, h0: torch.Tensor, plan, table):
+        self.storage = _TrainingStorage(h0, plan, table)
+        # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
+        # and a reference back from the storage would make a cycle that keeps the whole graph alive.
+        self.token: torch.Tensor | None = None
+
+    def append(self, x: torch.Tensor) -> None:
+        self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
+
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `routing.Sources.route`."""
+        return _Route.apply(self.storage, self.token, residual, point.gate, point.w, extra, point)
+
+    def to(self, *args, **kwargs) -> "TrainingBuffer":
+        self.storage.to(*args, **kwargs)
+        return self
+
+
+class OneTokenBuffer:
+    """The sources of a decoding step of one sequence, without autograd, routed in products of a single batch over
+    `[1, 1, D]`-shaped operands, the sources' shape: the same values in fewer dispatched operations (no reshaping,
+    the sources kept in the compute dtype and their transposes made once, the gates as numbers), which at one token
+    cost more than the arithmetic.
+
+    The sources are rows of a `[capacity, D + 32]` buffer padded with `sqrt(D eps)` (the padding keeps rows 64-byte
+    aligned), whose norms stand in for the inverse RMS (`routing_math.one_token_logits`); the factor `sqrt(D)` is in
+    the query rows."""
+
+    def __init__(self, h0: torch.Tensor, plan, table):
+        self.capacity, self.dtype, self.acc = plan.capacity, h0.dtype, compute_dtype(h0.dtype)
+        self.shape, hidden = h0.shape, h0.shape[-1]
+        self.count = 0  # sources written
+        padded = h0.new_zeros(self.capacity, hidden + 32, dtype=self.acc)
+        padded[:, hidden] = math.sqrt(hidden * plan.eps)
+        self.padded = padded
+        self.norms = h0.new_empty(self.capacity, dtype=self.acc)
+        self.queries = table.queries
+        # The gates as numbers, read once rather than at every point.
+        self._gate_values = None if table.gates is None else table.gates.tolist()
+        self._make_views()
+
+    def _make_views(self) -> None:
+        """The slots of the padded rows and norms; `sqrt(D) w_p` `[1, 1, D]` of each point where the queries are
+        stacked; and for each count n of sources, the first n values `[1, n, D]`, transposed, and norms `[1, 1, n]`."""
+        hidden = self.shape[-1]
+        self.values = self.padded[:, :hidden].view(self.capacity, 1, hidden)
+        self._value_slots = _slots(self.values.view(self.capacity, *self.shape))
+        self._padded_slots, self._norm_slots = _slots(self.padded), _slots(self.norms)
+        scaled = None if self.queries is None else self.queries.data * math.sqrt(hidden)
+        self._query_rows = _slots(None if scaled is None else scaled.view(-1, 1, 1, hidden))
+        values, norms = self.values.data.view(1, self.capacity, hidden), self.norms.view(1, 1, -1)
+        self._prefixes = [
+            (values[:, :n], values[:, :n].transpose(1, 2), norms[:, :, :n]) for n in range(self.capacity + 1)
+        ]
+
+    def _write(self, slot: int, x: torch.Tensor) -> None:
+        self._value_slots[slot].copy_(x)
+        padded_norm(self._padded_slots[slot], self.acc, out=self._norm_slots[slot])
+
+    def append(self, x: torch.Tensor) -> None:
+        self._write(self.count, x)
+        self.count += 1
+
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `routing.Sources.route`. `extra` is written into the slot after the sources, which the next source
+        takes."""
+        n, p = self.count, point.index
+        if extra is not None:
+            self._write(n, extra)
+            n += 1
+        x, x_transposed, norms = self._prefixes[n]  # [1, n, D], [1, D, n], [1, 1, n]
+        if self._query_rows is not None:
+            scaled_w = self._query_rows[p]
+        else:
+            scaled_w = (point.w * math.sqrt(point.w.shape[-1])).view(1, 1, -1)
+        alpha = routing_weights(one_token_logits(scaled_w, x_transposed, norms), sources_dim=-1)  # [1, 1, n]
+        gate = point.gate if self._gate_values is None else self._gate_values[p]
+        weights, scale = (alpha * as_dtype(gate, self.acc), 1) if isinstance(gate, torch.Tensor) else (alpha, gate)
+        if residual is None:
+            out = torch.bmm(weights, x) if scale is None else torch.bmm(weights, x).mul_(scale)
+        else:  # the gate, a number, scales the product inside `baddbmm`
+            out = torch.baddbmm(as_dtype(residual, self.acc), weights, x, alpha=1 if scale is None else scale)
+        return as_dtype(out, self.dtype), alpha
+
+    def to(self, *args, **kwargs) -> "OneTokenBuffer":
+        self.padded = self.padded.to(*args, **kwargs)
+        device = self.padded.device
+        self.norms = self.norms.to(device=device)
+        self.queries = None if self.queries is None else self.queries.to(device=device)
+        self._make_views()
+        return self
 
 
 class _BackwardStore:
@@ -114,295 +379,9 @@ class _BackwardStore:
                 self.received[p] = True
 
 
-class SourceBuffer:
-    """The sources of one forward pass, each copied once into a `[capacity, tokens, D]` buffer, and routing over
-    them (see the module docstring). `max_points` is the number of routing points the forward pass evaluates at
-    most; `queries`, when known, their `w_p` in the order they run (`upfront_queries`), and `gates` their gates
-    (`upfront_gates`)."""
-
-    def __init__(
-        self,
-        eps: float,
-        capacity: int,
-        max_points: int,
-        queries: torch.Tensor | None = None,
-        gates: torch.Tensor | None = None,
-    ):
-        self.storage = _SourceStorage(eps, capacity, max_points, queries, torch.is_grad_enabled(), gates)
-        # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
-        # and a reference back from the storage would make a cycle that keeps the whole graph alive.
-        self.token: torch.Tensor | None = None
-
-    # Under torch.compile, appending and routing run eagerly between the compiled graphs (`_outside_graphs`): the
-    # autograd functions keep state from call to call, which Dynamo cannot trace. Without autograd (generation)
-    # they skip the autograd functions, whose overhead is a noticeable share of decoding one token.
-    def append(self, x: torch.Tensor) -> None:
-        if torch.compiler.is_compiling():
-            return self._append_outside_graphs(x)
-        if torch.is_grad_enabled():
-            self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
-        else:
-            self.storage.write(x)
-
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (or `mix` without a residual) over the sources and `extra`, a source that is
-        read by this point only; also returns the routing weights `[tokens, n_sources]`."""
-        if torch.compiler.is_compiling():
-            return self._route_outside_graphs(point, residual, extra)
-        if self.storage.one_token:
-            return self.storage.mix_one_token(residual, point, extra)
-        gate = point.gate if residual is not None else None
-        if torch.is_grad_enabled():
-            query, norm_weight = point.query_and_norm_weight()
-            return _Route.apply(self.storage, self.token, residual, gate, query, norm_weight, extra, point)
-        routed, alpha = self.storage.mix(residual, gate, point, extra)[:2]
-        return routed, alpha.T
-
-    # `torch.compiler.disable`'s wrapper, a handful of Python calls, would run twice per routing point and decoding
-    # step: eager calls go around it.
-    _append_outside_graphs = torch.compiler.disable(append)
-    _route_outside_graphs = torch.compiler.disable(route)
-
-    def to(self, *args, **kwargs) -> "SourceBuffer":
-        """Moves the buffers to another device in place and returns `self`: points already evaluated hold the
-        storage and read its counts in the backward pass."""
-        self.storage.to(*args, **kwargs)
-        return self
-
-
-class _SourceStorage:
-    """The buffers behind a `SourceBuffer`, shared with the backward passes of its routing points.
-
-    The buffers are written through aliases that autograd does not track (`.data`), which do not count as
-    modifying them: routing points save views of the slots written before them, and under autograd a slot is never
-    written twice.
-
-    Logits are taken up front when the queries are known, except in a decoding step (one position per sequence,
-    without autograd): a point's few sources then stay in cache from its own logits to its mixture, whereas logits
-    up front read all the queries once more per source, after the layer in between has evicted them. The inverse
-    RMS are kept only for a backward pass or for points that compute their own logits. For one token (see
-    `mix_one_token`) the values are rows of a padded buffer whose norms stand in for the inverse RMS."""
-
-    def __init__(
-        self,
-        eps: float,
-        capacity: int,
-        max_points: int,
-        queries: torch.Tensor | None,
-        for_backward: bool,
-        gates: torch.Tensor | None = None,
-    ):
-        self.eps, self.capacity, self.max_points = eps, capacity, max_points
-        self.queries = queries  # [points, D] or None, see `upfront_queries`
-        self.gates = gates  # [points] or None, see `upfront_gates`
-        self.deferred: list[bool] = []  # per point, whether its backward pass is left to its newest source
-        self.for_backward = for_backward
-        self.count = 0  # sources written
-        self.points = 0  # routing points evaluated
-        self.first_reader: list[int] = []  # per source, the first point that reads it; every later point does too
-        self.values: torch.Tensor | None = None  # [capacity, tokens, D] in the model's dtype (one token: compute)
-        self.inv_rms: torch.Tensor | None = None  # [capacity, tokens] in the compute dtype, when kept
-        self.padded: torch.Tensor | None = None  # for one token: [capacity, D + pad], the values and sqrt(D eps)
-        self.norms: torch.Tensor | None = None  # for one token: [capacity], the padded rows' norms
-        self.logits: torch.Tensor | None = None  # [capacity, points, tokens]: r_j (x_j . w_p), when kept
-        self.logits_up_front = False  # whether a source's logits are taken when it is written
-        self.one_token = False  # a single position of a single sequence, without autograd: see `mix_one_token`
-        self._eps: torch.Tensor | None = None  # eps as a tensor for `inverse_rms` (one token: in the padded rows)
-        self._weight_scratch: torch.Tensor | None = None  # see `_weights`
-        self._gate_values: list[float] | None = None  # for one token, see `_set_gates`
-        self.store: _BackwardStore | None = None
-
-    def write(self, x: torch.Tensor) -> None:
-        if self.values is None:
-            self._allocate(x)
-        slot = self.count
-        if self.one_token:
-            self._write_padded(slot, x)
-        else:
-            self._value_slots[slot].copy_(x)
-            x = as_dtype(x, self.acc)
-            r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
-            if self.logits_up_front:  # the logits against the points still to run
-                later = slice(self.points, self.max_points)
-                source = x.reshape(-1, x.shape[-1])
-                logits_against_points(self._queries[later], source, r.view(-1), out=self._logit_slots[slot][later])
-        self.first_reader.append(self.points)
-        self.count += 1
-
-    def _write_padded(self, slot: int, x: torch.Tensor) -> None:
-        """For one token, `x` into slot `slot` and the norm of its padded row, `sqrt(|x|^2 + D eps) = sqrt(D) / r`:
-        one operation where the inverse RMS takes three (see `mix_one_token`)."""
-        self._value_slots[slot].copy_(x)
-        torch.linalg.vector_norm(self._padded_slots[slot], dim=-1, dtype=self.acc, out=self._norm_slots[slot])
-
-    def mix(self, residual, gate, point, extra):
-        """A routing point's forward pass over every source written so far; returns the routed tensor, the
-        routing weights `[sources, tokens]`, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources,
-        tokens]` that its backward pass needs."""
-        n, p = self.count, self.points
-        self.points += 1
-        values = self.values[:n]
-        _, tokens, hidden = values.shape
-        acc = self.acc
-        x = as_dtype(values, acc)
-        inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
-        w = self._query(p, point) if not self.logits_up_front or extra is not None else None
-        if self.logits_up_front:
-            logits = self._logits_by_point[p][:n]
-        else:  # into the logits buffer when there is one, for the backward pass
-            logits = point_logits(x, w, inv_rms, out=None if self.logits is None else self._logits_by_point[p][:n])
-        if extra is not None:
-            e = as_dtype(extra.reshape(tokens, hidden), acc)
-            extra_inv_rms = inverse_rms(e, self._eps)[None]
-            logits = torch.cat([logits, point_logits(e, w, extra_inv_rms[0])[None]])
-            inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
-        # Softmax along the tokens' contiguous axis, many times faster than along a short last axis of sources.
-        alpha = routing_weights(logits, sources_dim=0)  # [sources, tokens]
-        weights, weights_by_token = self._weights(alpha.shape[0])
-        if gate is None:
-            weights.copy_(alpha)
-        else:
-            torch.mul(alpha, as_dtype(gate, acc), out=weights)
-        residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), acc)
-        out = weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
-        if extra is not None:
-            out.addcmul_(e[:, None], weights_by_token[:, :, n:])
-        return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
-
-    def _weights(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reused buffer for the mixture's weights, as written `[sources, tokens]` and as read `[tokens, 1,
-        sources]`: contiguous for the batched product, whose per-token weights make it 15-25x slower on CPU when
-        strided."""
-        if sources not in self._weight_buffers:
-            tokens = self.shape[:-1].numel()
-            by_token = self._weight_scratch[: tokens * sources].view(tokens, 1, sources)
-            self._weight_buffers[sources] = by_token.view(tokens, sources).T, by_token
-        return self._weight_buffers[sources]
-
-    def mix_one_token(self, residual, point, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`mix` for a decoding step of one sequence, in products of a single batch over `[1, 1, D]`-shaped
-        operands, the sources' shape: the same values in fewer dispatched operations (no reshaping, the sources
-        kept in the compute dtype and their transposes made once, the gate a number), which at one token cost more
-        than the arithmetic. Returns the routed tensor and the routing weights.
-
-        The logits are `sqrt(D) w . x_j / |(x_j, sqrt(D eps))|`, which is `r_j (w . x_j)`: the padded rows' norms
-        cost one operation per source, the factor `sqrt(D)` is in the query rows. `extra` is written into the slot
-        after the sources, which the next source takes."""
-        n, p = self.count, self.points
-        self.points += 1
-        if extra is not None:
-            self._write_padded(n, extra)
-            n += 1
-        x, x_transposed, norms = self._prefixes[n]  # [1, n, D], [1, D, n], [1, 1, n]
-        logits = torch.bmm(self._query(p, point), x_transposed).div_(norms)
-        alpha = routing_weights(logits, sources_dim=-1)  # [1, 1, n]
-        if residual is None:
-            out = torch.bmm(alpha, x)
-        else:
-            residual = as_dtype(residual, self.acc)
-            gate = point.gate if self._gate_values is None else self._gate_values[p]
-            if isinstance(gate, torch.Tensor):  # not known up front
-                out = torch.baddbmm(residual, alpha * as_dtype(gate, self.acc), x)
-            else:
-                out = torch.baddbmm(residual, alpha, x, alpha=1 if gate is None else gate)
-        return as_dtype(out, self.dtype), alpha
-
-    def _query(self, p: int, point) -> torch.Tensor:
-        """Point `p`'s `w_p = q_p * g_p`: a row of the queries when they are known, else computed here from the
-        point's parameters. Shaped `[D]`, or `[1, 1, D]` and scaled by `sqrt(D)` for `mix_one_token`."""
-        if self._query_rows is not None:
-            return self._query_rows[p]
-        query, norm_weight = point.query_and_norm_weight()
-        w = point_query(query, norm_weight, self.acc)
-        return (w * math.sqrt(w.shape[-1])).view(1, 1, -1) if self.one_token else w
-
-    def _allocate(self, x: torch.Tensor) -> None:
-        self.shape, self.dtype, self.acc = x.shape, x.dtype, compute_dtype(x.dtype)
-        tokens, hidden = x.shape[:-1].numel(), x.shape[-1]
-        self.one_token = self.routes_one_token(x)
-        if self.one_token:
-            # Padding of 32 elements keeps the rows 64-byte aligned: the first holds sqrt(D eps), the others zeros.
-            padded = x.new_zeros(self.capacity, hidden + 32, dtype=self.acc)
-            padded[:, hidden] = math.sqrt(hidden * self.eps)
-            self._set_padded(padded)
-            self.norms = x.new_empty(self.capacity, dtype=self.acc)
-            self._set_gates(self.gates)
-        else:
-            self._eps = x.new_full((), self.eps, dtype=self.acc)
-            decoding = x.shape[-2] == 1 and not self.for_backward
-            self.logits_up_front = self.queries is not None and not decoding
-            self.values = x.new_empty(self.capacity, tokens, hidden)
-            if self.for_backward or not self.logits_up_front:
-                self.inv_rms = x.new_empty(self.capacity, tokens, dtype=self.acc)
-            if self.for_backward or self.logits_up_front:
-                self.logits = x.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
-            self._weight_scratch = x.new_empty(tokens * (self.capacity + 1), dtype=self.acc)
-        self._make_views()
-
-    def _set_padded(self, padded: torch.Tensor) -> None:
-        hidden = self.shape[-1]
-        self.padded, self.values = padded, padded[:, :hidden].view(self.capacity, 1, hidden)
-
-    def _make_views(self) -> None:
-        """The views that writing a source and routing a point index, made once per forward pass (in generation,
-        indexing a tensor costs as much as the arithmetic): each slot of each buffer, through an alias that autograd
-        does not track, the values' and inverse RMS' shaped like the sources; each point's logits and `w_p`,
-        untracked; for one token, `sqrt(D) w_p` `[1, 1, D]` and, for each count n of sources, the first n values
-        `[1, n, D]` and norms `[1, 1, n]`."""
-        def slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
-            return None if buffer is None else buffer.data.unbind(0)
-
-        self._value_slots = slots(self.values.view(self.capacity, *self.shape))
-        self._queries = None if self.queries is None else self.queries.data
-        if self.one_token:
-            hidden = self.shape[-1]
-            self._scaled_queries = None if self.queries is None else self._queries * math.sqrt(hidden)
-            self._query_rows = None if self.queries is None else slots(self._scaled_queries.view(-1, 1, 1, hidden))
-            self._padded_slots, self._norm_slots = slots(self.padded), slots(self.norms)
-            values, norms = self.values.data.view(1, self.capacity, hidden), self.norms.view(1, 1, -1)
-            self._prefixes = [
-                (values[:, :n], values[:, :n].transpose(1, 2), norms[:, :, :n]) for n in range(self.capacity + 1)
-            ]
-        else:
-            inv_rms = None if self.inv_rms is None else self.inv_rms.view(self.capacity, *self.shape[:-1])
-            self._inv_rms_slots, self._logit_slots = slots(inv_rms), slots(self.logits)
-            self._query_rows = slots(self._queries)
-            self._logits_by_point = None if self.logits is None else self.logits.data.unbind(1)
-            self._weight_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def routes_one_token(self, x: torch.Tensor) -> bool:
-        """Whether sources like `x` are routed by `mix_one_token`: one position of one sequence, without autograd."""
-        return not self.for_backward and x.shape[:-1].numel() == 1
-
-    def _set_gates(self, gates: torch.Tensor | None) -> None:
-        """The gates, and for one token their values as numbers (see `mix_one_token`): read once, not per point."""
-        self.gates, self._gate_values = gates, None if gates is None else gates.tolist()
-
-    def backward_store(self) -> _BackwardStore:
-        if self.store is None:
-            _, tokens, hidden = self.values.shape
-            self.store = _BackwardStore(
-                self.max_points, self.capacity, tokens, hidden, self.values, self.acc, self.queries is not None
-            )
-        return self.store
-
-    def to(self, *args, **kwargs) -> None:
-        if self.values is None:
-            return
-        if self.padded is not None:
-            self._set_padded(self.padded.to(*args, **kwargs))
-        else:
-            self.values = self.values.to(*args, **kwargs)
-        device = self.values.device
-        for name in ("inv_rms", "norms", "logits", "queries", "_eps", "_weight_scratch"):
-            if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name).to(device=device))
-        self._make_views()
-
-
 class _AppendSource(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _SourceStorage, x: torch.Tensor, token: torch.Tensor | None, queries, gates):
+    def forward(ctx, sources: _TrainingStorage, x: torch.Tensor, token: torch.Tensor | None, queries, gates):
         ctx.set_materialize_grads(False)
         sources.write(x)
         ctx.sources, ctx.slot, ctx.shape, ctx.dtype = sources, sources.count - 1, x.shape, x.dtype
@@ -442,7 +421,7 @@ class _AppendSource(torch.autograd.Function):
         return None, grad.view(ctx.shape).to(ctx.dtype), None, grad_queries, grad_gates
 
 
-def _deferred_point_backward(sources: _SourceStorage, j: int) -> torch.Tensor | None:
+def _deferred_point_backward(sources: _TrainingStorage, j: int) -> torch.Tensor | None:
     """What `_Route.backward` left to source j for the points whose newest source it is, with their output
     gradients in the store: their dot products with their sources `0..j` are one batched product, which reads each
     source once for all of them (point by point, each would read every source again). Writes their coefficients and
@@ -476,17 +455,21 @@ def _deferred_point_backward(sources: _SourceStorage, j: int) -> torch.Tensor | 
 
 class _Route(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _SourceStorage, token, residual, gate, query, norm_weight, extra, point):
+    def forward(ctx, sources: _TrainingStorage, token, residual, gate, w, extra, point):
+        """`point` is the resolved point whose `gate` and `w` are also arguments of their own, for their gradients."""
         ctx.set_materialize_grads(False)
-        ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, sources.points, residual is not None
+        ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, point.index, residual is not None
         # Left to the newest source when the logits and gates are known there: see `_deferred_point_backward`.
         ctx.deferred = sources.queries is not None and extra is None and (gate is None) == (sources.gates is None)
         sources.deferred.append(ctx.deferred)
-        routed, alpha, logits, inv_rms = sources.mix(residual, gate, point, extra)
+        routed, alpha, logits, inv_rms = sources.mix(point, residual, extra)
         # Saved whether or not they are read here, so that saved-tensor hooks see every buffer backward reads. The
-        # logits through a fresh alias: later points write their own logits into the same buffer.
-        values, saved_alpha = sources.values[: ctx.n], None if ctx.deferred else alpha
-        ctx.save_for_backward(values, saved_alpha, gate, extra, logits.data, inv_rms, query, norm_weight)
+        # logits through a fresh alias: later points write their own logits into the same buffer. The gate and `w`
+        # only where this backward reads them.
+        values = sources.values[: ctx.n]
+        saved_alpha, saved_gate = (None, None) if ctx.deferred else (alpha, gate)
+        saved_w = w if extra is not None or not sources.logits_up_front else None
+        ctx.save_for_backward(values, saved_alpha, saved_gate, extra, logits.data, inv_rms, saved_w)
         weights = alpha.T
         ctx.mark_non_differentiable(weights)
         return routed, weights
@@ -497,7 +480,7 @@ class _Route(torch.autograd.Function):
         sources' gradients need from it, left in the backward store (see `_AppendSource.backward`); a deferred
         point leaves only its output gradient."""
         if grad_out is None:  # the routed output did not reach the loss
-            return (None,) * 8
+            return (None,) * 7
         sources, n, p = ctx.sources, ctx.n, ctx.p
         store = sources.backward_store()
         store.received[p] = True
@@ -505,8 +488,8 @@ class _Route(torch.autograd.Function):
         grad_row.copy_(grad_out.reshape(grad_row.shape))
         grad_residual = grad_out if ctx.has_residual else None
         if ctx.deferred:
-            return None, None, grad_residual, None, None, None, None, None
-        values, alpha, gate, extra, logits, inv_rms, query, norm_weight = ctx.saved_tensors
+            return None, None, grad_residual, None, None, None, None
+        values, alpha, gate, extra, logits, inv_rms, w = ctx.saved_tensors
         _, tokens, hidden = values.shape
         acc = alpha.dtype
         grad_acc = as_dtype(grad_out.reshape(tokens, 1, hidden), acc)
@@ -527,7 +510,6 @@ class _Route(torch.autograd.Function):
         grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
         if store.w is not None or extra is not None:
             score_grads = score_gradients(logit_grads, inv_rms)
-            w = point_query(query, norm_weight, acc)
         if store.w is not None:
             store.w[p] = w
             grad_w = values.view(n * tokens, hidden).T.to(acc) @ score_grads[:n].reshape(n * tokens)
@@ -538,19 +520,4 @@ class _Route(torch.autograd.Function):
             extra_inv_rms_grad = inverse_rms_gradient(logit_grads[n, None], logits[n, None], inv_rms[n])
             add_inverse_rms_gradient(grad_extra, e, inv_rms[n], extra_inv_rms_grad)
             grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
-        return (
-            None,
-            None,
-            grad_residual,
-            grad_gate,
-            None if grad_w is None else (grad_w * norm_weight.to(acc)).to(query.dtype),
-            None if grad_w is None else (grad_w * query.to(acc)).to(norm_weight.dtype),
-            grad_extra,
-            None,
-        )
-
-
-def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> SourceBuffer:
-    """A `SourceBuffer` for a forward pass from `h0` over `points`, with their parameters stacked up front when
-    they can be (see `upfront_queries` and `upfront_gates`)."""
-    return SourceBuffer(eps, capacity, len(points), upfront_queries(points, h0), upfront_gates(points, h0))
+        return None, None, grad_residual, grad_gate, grad_w, grad_extra, None

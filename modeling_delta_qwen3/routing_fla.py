@@ -24,14 +24,14 @@ def fla_unavailable(x: torch.Tensor) -> str | None:
 
 def fla_depth_mix(
     sources: list[torch.Tensor],
-    query: torch.Tensor,
-    norm_weight: torch.Tensor,
+    w: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`routing_reference.depth_mix` through the fused kernel; the residual and gate are applied around it."""
-    mix, weights = fused_attnres(query, sources, norm_weight, rms_eps=eps, return_weights=True)
+    """`routing_reference.depth_mix` through the fused kernel; the residual and gate are applied around it. The
+    kernel takes a query and a norm weight: `w` already holds both, so its norm weight is ones."""
+    mix, weights = fused_attnres(w, sources, torch.ones_like(w), rms_eps=eps, return_weights=True)
     return gated_residual(mix, residual, gate), weights.reshape(len(sources), -1).T
 
 
@@ -39,7 +39,3 @@ class FlaSources(SourceList):
     """The sources as separate tensors, each routing point one call of the fused kernel."""
 
     mixture = staticmethod(fla_depth_mix)
-
-
-def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> FlaSources:
-    return FlaSources(eps)

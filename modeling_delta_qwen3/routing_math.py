@@ -8,7 +8,11 @@ For a point with query `q`, norm weight `g` and optional gate `gamma`, over sour
     r_j     = 1 / sqrt(mean(x_j^2) + eps)                    (`inverse_rms`)
     l_j     = r_j (x_j . w) = q . RMSNorm_g(x_j)             (`logits`, `logits_against_points`)
     alpha_j = softmax_j(l_j)                                 (`routing_weights`)
-    out     = residual + gamma * sum_j alpha_j x_j           (`weighted_sum`, `mixture_of`; no residual: `mix`)
+    out     = residual + gamma * sum_j alpha_j x_j           (`weighted_sum`, `mixture_of`, `gated_residual`)
+
+and for one position, from rows padded with `sqrt(D eps)`, whose norms are `sqrt(D) / r_j`:
+
+    l_j     = sqrt(D) (x_j . w) / |(x_j, sqrt(D eps))|      (`padded_norm`, `one_token_logits`)
 
 and backward, with `G` the gradient of `out` and `d_j = x_j . G`:
 
@@ -60,6 +64,20 @@ def logits_against_points(
     return torch.mm(w, x.T, out=out).mul_(inv_rms)
 
 
+def padded_norm(padded_row: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The norm `|(x, sqrt(D eps))| = sqrt(|x|^2 + D eps) = sqrt(D) / r` of a source's row padded with
+    `sqrt(D eps)` (and zeros), in `dtype`: one operation where the inverse RMS takes three."""
+    return torch.linalg.vector_norm(padded_row, dim=-1, dtype=dtype, out=out)
+
+
+def one_token_logits(scaled_w: torch.Tensor, x_transposed: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """One position's logits `l_j = sqrt(D) (x_j . w) / |(x_j, sqrt(D eps))| = r_j (x_j . w)`, `[1, 1, n]`, for
+    `scaled_w` `sqrt(D) w` `[1, 1, D]`, its sources transposed `[1, D, n]` and their padded rows' norms
+    (`padded_norm`) `[1, 1, n]`: a product and a division, where at one token each dispatched operation costs more
+    than its arithmetic."""
+    return torch.bmm(scaled_w, x_transposed).div_(norms)
+
+
 def routing_weights(logits: torch.Tensor, sources_dim: int) -> torch.Tensor:
     """`alpha_j = softmax_j(l_j)` over the sources' dimension of `logits`, any layout."""
     return torch.softmax(logits, dim=sources_dim)
@@ -86,11 +104,11 @@ def mixture_of(sources: list[torch.Tensor], alpha: torch.Tensor) -> torch.Tensor
 
 
 def gated_residual(mix: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None) -> torch.Tensor:
-    """`residual + gamma * mix` (`gamma` 1 when None), or `mix` itself without a residual: for an implementation
-    whose kernel returns the mixture alone. Shapes broadcast; `gate` is 0-dim."""
-    if residual is None:
-        return mix
-    return residual + (mix if gate is None else gate.to(mix.dtype) * mix)
+    """`residual + gamma * mix`, the residual 0 and `gamma` 1 when None: for an implementation whose kernel returns
+    the mixture alone. Shapes broadcast; `gate` is 0-dim."""
+    if gate is not None:
+        mix = gate.to(mix.dtype) * mix
+    return mix if residual is None else residual + mix
 
 
 def mixture_backward(alpha: torch.Tensor, dots: torch.Tensor, gate: torch.Tensor | None, sources_dim: int):

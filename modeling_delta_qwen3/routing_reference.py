@@ -15,23 +15,25 @@ import torch
 
 def depth_mix(
     sources: list[torch.Tensor],
-    query: torch.Tensor,
-    norm_weight: torch.Tensor,
+    w: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`residual + gate * mix_p` (`mix_p` alone without a residual, `gate` 1 when None) over `sources`, each
-    `[..., D]`, for a point with query `q` and RMSNorm weight `g` (`[D]`): computed in float32 like Qwen3's RMSNorm
-    (float64 for float64 sources), returned in the sources' dtype, with the routing weights `[tokens, n]`."""
+    """`residual + gate * mix_p` (the residual 0 and the gate 1 when None) over `sources`, each
+    `[..., D]`, for a point whose query `q` times RMSNorm weight `g` is `w` (`[D]`: `q . RMSNorm_g(x) = w . x /
+    RMS(x)`): computed in float32 like Qwen3's RMSNorm (float64 for float64 sources), returned in the sources'
+    dtype, with the routing weights `[tokens, n]`."""
     acc = torch.promote_types(sources[0].dtype, torch.float32)
     x = torch.stack(sources).to(acc)  # [n, ..., D]
-    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(acc)
-    logits = normed @ query.to(acc)  # [n, ...]
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    logits = normed @ w.to(acc)  # [n, ...]
     alpha = torch.softmax(logits, dim=0)
     mix = (alpha.unsqueeze(-1) * x).sum(0)  # [..., D]
+    if gate is not None:
+        mix = gate.to(acc) * mix
     if residual is not None:
-        mix = residual.to(acc) + (mix if gate is None else gate.to(acc) * mix)
+        mix = residual.to(acc) + mix
     return mix.to(sources[0].dtype), alpha.reshape(len(sources), -1).T
 
 
@@ -42,35 +44,29 @@ class SourceList:
 
     mixture = staticmethod(depth_mix)
 
-    def __init__(self, eps: float):
-        self.eps = eps
+    def __init__(self, h0: torch.Tensor, plan, table):
+        self.eps = plan.eps
         self.tensors: list[torch.Tensor] = []
 
     def append(self, x: torch.Tensor) -> None:
         self.tensors.append(x)
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (`mix` without a residual) and the routing weights `[tokens, n_sources]`."""
+        """`residual + gamma * mix` (see `routing.Sources.route`) and the routing weights `[tokens, n_sources]`."""
         tensors = self.tensors if extra is None else [*self.tensors, extra]
-        gate = point.gate if residual is not None else None
-        return self.mixture(tensors, *point.query_and_norm_weight(), self.eps, residual=residual, gate=gate)
+        return self.mixture(tensors, point.w, self.eps, residual=residual, gate=point.gate)
 
     def carried(self) -> list[torch.Tensor]:
         """The tensors routed over (see `DepthState.carried`)."""
         return list(self.tensors)
 
-    def with_carried(self, tensors: Iterator[torch.Tensor]) -> "SourceList":
+    def with_carried(self, tensors: Iterator[torch.Tensor], table) -> "SourceList":
         """A copy holding the next `len(self.tensors)` of `tensors` in place of its own."""
         copied = copy.copy(self)
         copied.tensors = [next(tensors) for _ in self.tensors]
         return copied
 
     def to(self, *args, **kwargs) -> "SourceList":
-        moved = type(self)(self.eps)
+        moved = copy.copy(self)
         moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
         return moved
-
-
-def new_sources(h0: torch.Tensor, eps: float, capacity: int, points: list) -> SourceList:
-    """The `"reference"` implementation's sources (`routing.IMPLEMENTATIONS`)."""
-    return SourceList(eps)

@@ -21,6 +21,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
 
 import ast  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -140,7 +141,8 @@ def model_errors(mode: str) -> dict:
 
     from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing
 
-    routing.fla_unavailable = lambda x: None  # the model refuses fla on the CPU; this process runs it there
+    # The model refuses fla on the CPU; this process runs it there.
+    routing.IMPLEMENTATIONS["fla"] = dataclasses.replace(routing.IMPLEMENTATIONS["fla"], unavailable=lambda like: None)
     torch.manual_seed(0)
     model = DeltaQwen3ForCausalLM(delta_config(mode, mode.startswith("delta"), num_hidden_layers=3)).train()
     randomize_routing(model)

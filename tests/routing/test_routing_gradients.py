@@ -8,7 +8,7 @@ from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 from helpers.models import MODES, VARIANTS, random_model, token_ids
 
 from finetune.model import enable_activation_checkpointing
-from modeling_delta_qwen3 import routing_buffer
+from modeling_delta_qwen3 import routing_points
 
 
 def _loss_and_grads(model, ids):
@@ -45,8 +45,8 @@ def test_backward_passes_left_to_the_sources_agree_with_each_points_own(monkeypa
     model = random_model(mode, gated).train().double()
     ids = token_ids()
     loss, grads = _loss_and_grads(model, ids)
-    monkeypatch.setattr(routing_buffer, "upfront_queries", lambda points, like: None)
-    monkeypatch.setattr(routing_buffer, "upfront_gates", lambda points, like: None)
+    monkeypatch.setattr(routing_points, "stacked_queries", lambda points, like: None)
+    monkeypatch.setattr(routing_points, "stacked_gates", lambda points, like: None)
     own_loss, own_grads = _loss_and_grads(model, ids)
     torch.testing.assert_close(own_loss, loss, atol=1e-12, rtol=0)
     assert grads.keys() == own_grads.keys() and any(name.endswith("_route.gate") for name in grads) == gated

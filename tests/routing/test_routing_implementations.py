@@ -11,7 +11,7 @@ import torch
 from helpers.models import VARIANTS, random_model, token_ids
 from helpers.spec_reference import mix as spec_mix
 
-from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_buffer, routing_compiled
+from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_points
 from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
 from modeling_delta_qwen3.routing_reference import depth_mix
 
@@ -57,40 +57,46 @@ def test_reference_is_the_spec_formula():
     point.norm.weight = norm_weight
     log = []
     expected = spec_mix(point, sources, 1e-6, log)
-    mix, weights = depth_mix(sources, query, norm_weight, 1e-6)
+    mix, weights = depth_mix(sources, query * norm_weight, 1e-6)
     torch.testing.assert_close(mix, expected, atol=1e-14, rtol=0)
     torch.testing.assert_close(weights, log[0].reshape(6, 4), atol=1e-14, rtol=0)
-    routed, _ = depth_mix(sources, query, norm_weight, 1e-6, residual=residual, gate=gate)
+    routed, _ = depth_mix(sources, query * norm_weight, 1e-6, residual=residual, gate=gate)
     torch.testing.assert_close(routed, residual + 0.7 * expected, atol=1e-14, rtol=0)
+    gated, _ = depth_mix(sources, query * norm_weight, 1e-6, gate=gate)
+    torch.testing.assert_close(gated, 0.7 * expected, atol=1e-14, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("mode,gated", VARIANTS)
 def test_implementations_match_reference_forward_and_backward(monkeypatch, mode, gated, dtype):
-    """The buffer (the default here), with and without autograd, and with its points' parameters unknown up front
-    (sharded, offloaded: each point computes its own logits); the compiled implementation run eagerly, also with the
-    parameters unknown up front."""
+    """Every implementation that runs here (the buffer is the default), with and without autograd, and with the
+    points' parameters stacked up front or not (sharded, offloaded: each point then reads its own when it runs)."""
     model = random_model(mode, gated).train().to(dtype)
     ids = token_ids()
     assert model.config.routing_implementation is None
-    results = {"buffer": run(model, ids), "buffer without autograd": run(model, ids, grad=False)}
-    model.set_routing_implementation("compiled")
-    results["compiled"] = run(model, ids)
-    with monkeypatch.context() as patch:
-        patch.setattr(routing_compiled, "upfront_queries", lambda points, like: None)
-        results["compiled, parameters not up front"] = run(model, ids)
-    model.set_routing_implementation("buffer")
-    with monkeypatch.context() as patch:
-        patch.setattr(routing_buffer, "upfront_queries", lambda points, like: None)
-        patch.setattr(routing_buffer, "upfront_gates", lambda points, like: None)
-        results["buffer, parameters not up front"] = run(model, ids)
+    results = {"default": run(model, ids)}
+    for name in runnable_here():
+        model.set_routing_implementation(name)
+        results[name] = run(model, ids)
+        results[f"{name} without autograd"] = run(model, ids, grad=False)
+        with monkeypatch.context() as patch:
+            patch.setattr(routing_points, "stacked_queries", lambda points, like: None)
+            patch.setattr(routing_points, "stacked_gates", lambda points, like: None)
+            results[f"{name}, parameters not stacked"] = run(model, ids)
     use_reference(model)
     expected = run(model, ids)
     assert any(name.endswith("_route.query") for name in expected)
+    assert {"buffer", "compiled"} <= results.keys()
     for name, got in results.items():
         want = {k: v for k, v in expected.items() if k in got}
-        assert len(want) == len(expected) or name == "buffer without autograd", name
+        assert len(want) == len(expected) or name.endswith("without autograd"), name
         assert_all_close(got, want, tolerance(mode, dtype))
+
+
+def runnable_here() -> list[str]:
+    """Every implementation but the reference that can route on this machine's CPU."""
+    return [name for name, implementation in routing.IMPLEMENTATIONS.items()
+            if name != "reference" and implementation.unavailable(torch.zeros(1)) is None]
 
 
 @pytest.mark.parametrize("mode,gated", VARIANTS)
@@ -121,16 +127,15 @@ def test_implementation_is_chosen_by_name_in_from_pretrained_and_not_saved(tmp_p
     assert loaded.config.routing_implementation == "compiled"
     assert DeltaQwen3ForCausalLM.from_pretrained(tmp_path).config.routing_implementation is None
     chosen = []
-    for implementation in ("reference", "buffer", "compiled"):
+    for implementation in ["reference", *runnable_here()]:
         loaded.set_routing_implementation(implementation)
         with patch_plan(chosen):
             loaded(token_ids())
-    assert chosen == ["reference", "buffer", "compiled"]
+    assert chosen == ["reference", *runnable_here()]
     with pytest.raises(ValueError, match="routing_implementation='fast' is not one of reference, buffer, fla, compiled"):
         loaded.set_routing_implementation("fast")
-    misspelt = DeltaQwen3ForCausalLM.from_pretrained(tmp_path, routing_implementation="fast")
     with pytest.raises(ValueError, match="routing_implementation='fast' is not one of"):
-        misspelt(token_ids())
+        DeltaQwen3ForCausalLM.from_pretrained(tmp_path, routing_implementation="fast")
 
 
 @contextlib.contextmanager

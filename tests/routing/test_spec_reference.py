@@ -8,7 +8,7 @@ from helpers.models import MODES, VARIANTS, delta_config, random_model, token_id
 from helpers.spec_reference import reference_forward
 
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
-from modeling_delta_qwen3.routing_buffer import SourceBuffer
+from modeling_delta_qwen3.routing_buffer import TrainingBuffer
 
 
 @pytest.mark.parametrize("mode,gated", VARIANTS)
@@ -47,11 +47,11 @@ def test_reference_is_sensitive_to_routing():
 def test_routing_weight_shapes(monkeypatch, mode):
     kept = []  # per source appended, the buffer's capacity
 
-    def append(self, x, append=SourceBuffer.append):
+    def append(self, x, append=TrainingBuffer.append):
         kept.append(self.storage.capacity)
         append(self, x)
 
-    monkeypatch.setattr(SourceBuffer, "append", append)
+    monkeypatch.setattr(TrainingBuffer, "append", append)
     config = delta_config(mode)  # 5 layers, 2 blocks of 3 layers
     out = DeltaQwen3ForCausalLM(config)(token_ids(batch=2, seq=7), output_routing_weights=True)
     counts = [w.shape[-1] for w in out.routing_weights]

@@ -1,0 +1,121 @@
+"""Routing points: the parameters of each (`RoutingPoint`), and those of all the points of one forward pass resolved
+into plain tensors, once per point (`PointTable`, `ResolvedPoint`), which is all an implementation sees of them."""
+
+import copy
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from .routing_math import compute_dtype, point_query
+
+
+class ResolvedPoint(NamedTuple):
+    """A routing point as implementations see it: its place in the order the points run, `w = q * g` `[D]` in the
+    compute dtype, and its gate (None without one)."""
+
+    index: int
+    w: torch.Tensor
+    gate: torch.Tensor | None
+
+
+class RoutingPoint(nn.Module):
+    """A query `q_p`, an RMSNorm weight `g_p` and, when gated, a scalar gate `gamma_p` (all initialised so that
+    routing starts uniform and, gated, switched off)."""
+
+    def __init__(self, hidden_size: int, eps: float, gated: bool):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(hidden_size))
+        self.norm = Qwen3RMSNorm(hidden_size, eps=eps)
+        self.gate = nn.Parameter(torch.zeros(())) if gated else None
+
+    def parameters_now(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`q_p`, `g_p` and `gamma_p` (None without a gate), read from the modules' parameter registries:
+        `self.query` goes through `nn.Module.__getattr__`, slow enough that a few reads per point count in decoding
+        a token. Falls back to attribute access where a wrapper has swapped a parameter for a plain tensor (FSDP1
+        without `use_orig_params`)."""
+        query, norm_weight = self._parameters.get("query"), self._modules["norm"]._parameters.get("weight")
+        if query is None or norm_weight is None:
+            return self.query, self.norm.weight, self.gate
+        return query, norm_weight, self._parameters.get("gate")
+
+
+def _stacked_on(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
+    """`torch.stack(tensors)` when they are ordinary tensors on `device`, else None (sharded, offloaded, on other
+    devices or of different sizes). Checked once on the result rather than per tensor: decoding a token pays for
+    every check."""
+    try:
+        stacked = torch.stack(tensors)
+    except RuntimeError:  # on different devices, or of different sizes
+        return None
+    return stacked if type(stacked) is torch.Tensor and stacked.device == device else None
+
+
+def stacked_queries(points: list[RoutingPoint], like: torch.Tensor) -> torch.Tensor | None:
+    """`w_p = q_p * g_p` of every point in order, `[points, D]` in the compute dtype of hidden states like `like`;
+    None when the points' parameters are not whole ordinary tensors on `like`'s device (sharded by FSDP or
+    DeepSpeed, offloaded, on another device): their values are then known only when each point runs."""
+    queries, norm_weights, _ = zip(*(point.parameters_now() for point in points))
+    queries, norm_weights = _stacked_on(queries, like.device), _stacked_on(norm_weights, like.device)
+    if queries is None or norm_weights is None or not queries.shape[1:] == norm_weights.shape[1:] == like.shape[-1:]:
+        return None
+    return point_query(queries, norm_weights, compute_dtype(like.dtype))
+
+
+def stacked_gates(points: list[RoutingPoint], like: torch.Tensor) -> torch.Tensor | None:
+    """`gamma_p` of every point in order, `[points]`; None when a point has no gate, or when the gates are not whole
+    ordinary 0-dim tensors on `like`'s device (see `stacked_queries`; FSDP trains them shaped `[1]`)."""
+    gates = [point.parameters_now()[2] for point in points]
+    if any(gate is None for gate in gates):
+        return None
+    gates = _stacked_on(gates, like.device)
+    return gates if gates is not None and gates.shape == (len(points),) else None
+
+
+class PointTable:
+    """The routing points' parameters for one forward pass, in the order the points run, resolved once per point
+    (`resolve`): stacked up front (`queries` `[points, D]`, `gates` `[points]`) when they are whole ordinary tensors
+    on the hidden states' device, else read from its module when a point runs (sharded, offloaded: only then do
+    their values exist). Implementations that score sources against every later point when the sources are written
+    read `queries`; None when not stacked."""
+
+    def __init__(self, points: list[RoutingPoint], like: torch.Tensor):
+        self.points, self.dtype = points, compute_dtype(like.dtype)
+        self.gated = any(point.gate is not None for point in points)
+        self._set(stacked_queries(points, like), stacked_gates(points, like))
+
+    def _set(self, queries: torch.Tensor | None, gates: torch.Tensor | None) -> None:
+        # Rows made once: indexing costs a dispatched operation per point.
+        self.queries, self.gates = queries, gates
+        self._query_rows = None if queries is None else queries.unbind(0)
+        self._gate_rows = None if gates is None else gates.unbind(0)
+
+    def resolve(self, index: int) -> ResolvedPoint:
+        """The point that runs `index`-th, as plain tensors."""
+        w = None if self._query_rows is None else self._query_rows[index]
+        gate = None if self._gate_rows is None else self._gate_rows[index]
+        if w is None or (gate is None and self.gated):
+            query, norm_weight, own_gate = self.points[index].parameters_now()
+            w = point_query(query, norm_weight, self.dtype) if w is None else w
+            gate = own_gate if gate is None else gate
+        return ResolvedPoint(index, w, gate)
+
+    def carried(self) -> list[torch.Tensor]:
+        return [tensor for tensor in (self.queries, self.gates) if tensor is not None]
+
+    def with_carried(self, tensors: Iterator[torch.Tensor]) -> "PointTable":
+        copied = copy.copy(self)
+        copied._set(*(None if tensor is None else next(tensors) for tensor in (self.queries, self.gates)))
+        return copied
+
+    def to(self, *args, **kwargs) -> "PointTable":
+        """The table itself where nothing moves (as `Tensor.to`): its rows then stay views of one stacked tensor."""
+        tensors = (self.queries, self.gates)
+        moved_tensors = [None if tensor is None else tensor.to(*args, **kwargs) for tensor in tensors]
+        if all(a is b for a, b in zip(moved_tensors, tensors)):
+            return self
+        moved = copy.copy(self)
+        moved._set(*moved_tensors)
+        return moved
