@@ -203,7 +203,8 @@ def _check_no_missing_layers(layers: nn.ModuleList) -> None:
 
 def inductor_orders_out_variant_writes_right() -> bool:
     """Whether this PyTorch's Inductor orders the kernels that read an out-variant op's output after the op: from
-    2.14 on (pytorch/pytorch#185509, fixed by #185873; `tests/test_inductor_mutation_order.py` checks both sides)."""
+    2.14 on (pytorch/pytorch#185509, fixed by #185873; `tests/serving/test_inductor_mutation_order.py` checks both
+    sides)."""
     return torch.torch_version.TorchVersion(torch.__version__) >= (2, 14)
 
 

@@ -1,4 +1,4 @@
-"""Routing over depth (SPEC section 2): the routing point, and what a forward pass carries from layer to layer.
+"""Routing over depth (SPEC section 2): what a forward pass carries from layer to layer, and the plan it follows.
 
 Sublayer `s` (`2i` = layer i's attention, `2i+1` its MLP) computes `v_s = f_s(h_hat_s)`. The modes differ only in
 which sources exist, when they are added, and whether the routed mixture is added to a residual stream or
@@ -16,7 +16,7 @@ none.
 Which implementation computes the routing points' mixtures is `config.routing_implementation`, a name of
 `IMPLEMENTATIONS`. Everything a forward pass decides once (implementation, the mode's state, capacity, autograd,
 compilation) is in its `RoutingPlan` (`plan_routing`); the points' parameters are resolved once per point into plain
-tensors (`PointTable`), which is all an implementation sees of them.
+tensors (`routing_points.PointTable`), which is all an implementation sees of them.
 """
 
 import copy
@@ -48,7 +48,7 @@ class Sources(Protocol):
     def to(self, *args, **kwargs) -> "Sources":
         """The sources moved like `Tensor.to` (accelerate's device hooks move the depth state between layers)."""
 
-    # Only implementations that route layers recomputed by gradient checkpointing (`Implementation.recomputed`):
+    # Only implementations that route layers recomputed by gradient checkpointing (where `Implementation.not_recomputable` is None):
     def carried(self) -> list[torch.Tensor]:
         """Every tensor held that gradients flow through, in the order `with_carried` takes them back."""
 

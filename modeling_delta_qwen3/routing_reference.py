@@ -1,5 +1,5 @@
 """SPEC section 2's routing point in plain PyTorch: the oracle that every other routing implementation is tested
-against, forward and backward (`tests/test_routing_implementations.py`).
+against, forward and backward (`tests/routing/test_routing_implementations.py`).
 
 It stacks the sources, RMS-normalises them, scores them against the query, takes the softmax over sources and sums
 the weighted sources, in the order the spec writes it, and shares no code with the fast implementations. Autograd
