@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keep_freed_memory()
     shape = DECODE_SHAPES[args.shape]
-    settings = SimpleNamespace(device="cpu", dtype=torch.float32)
+    settings = SimpleNamespace(device="cpu", dtype=torch.float32, routing_implementation=None)
     prompt = torch.randint(0, shape["vocab_size"], (1, args.prompt))
     for mode in args.modes.split(","):
         models = {"qwen3": build(shape, None, False, settings), mode: build(shape, mode, False, settings)}

@@ -93,6 +93,7 @@ class Settings:
     train_shape: dict | None = None  # the training figures' shape: by default SMALL with `train_layers` layers
     build_orders: tuple[str, ...] = ("qwen3_first", "variant_first")  # which of the two to time
     compile_backend: str = "inductor"
+    routing_implementation: str | None = None  # None: the model's default (fla's kernel where it runs)
 
     def training_shape(self) -> dict:
         return self.train_shape or {**SMALL, "num_hidden_layers": self.train_layers}
@@ -105,7 +106,8 @@ def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: 
         model = Qwen3ForCausalLM(Qwen3Config(**shape))
     else:
         blocks = min(4, shape["num_hidden_layers"])
-        config = DeltaQwen3Config(**shape, routing_mode=mode, routing_gate=gated, routing_num_blocks=blocks)
+        config = DeltaQwen3Config(**shape, routing_mode=mode, routing_gate=gated, routing_num_blocks=blocks,
+                                  routing_implementation=settings.routing_implementation)
         model = DeltaQwen3ForCausalLM(config)
     model.config._attn_implementation = "sdpa"
     return model.to(device=settings.device, dtype=settings.dtype)

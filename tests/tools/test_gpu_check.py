@@ -73,7 +73,8 @@ def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_sti
     assert report["sections"]["times_out"]["reason"] == "ran out of its 0.5 s"
     assert report["sections"]["times_out"]["seconds"] < 5
     assert report["sections"]["fails"]["checks"] == [{"name": "too large", "value": 3.0, "limit": 2.0,
-                                                      "passes_if": "value <= limit", "pass": False}]
+                                                      "passes_if": "value <= limit", "pass": False,
+                                                      "at_seconds": 0.0}]
     # While a section ran, the report on disk held the sections before it, and said which one was running.
     assert [on_disk[name]["status"] for name in functions] == ["error", "timeout", "fail", "running", "waiting"]
     table = gpu_check.table(run)
@@ -102,3 +103,28 @@ def test_without_a_gpu_the_full_check_points_to_the_rehearsal(tmp_path, capsys, 
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == ("python -m benchmarks.gpu_check: error: no CUDA GPU is visible to PyTorch "
                                        "here: --rehearsal runs the check on the CPU\n")
+
+
+def test_a_non_finite_attention_result_is_checked_against_plain_qwen3(monkeypatch):
+    # On an H200, PyTorch's cuDNN attention gave non-finite gradients on a left-padded batch in bfloat16, to plain
+    # Qwen3 as well: the section records whether Qwen3 shares a failure, so the report says whose it is.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    profile = gpu_check.REHEARSAL
+    ids = gpu_check.check_ids(profile)
+    mask = gpu_check.left_padded(ids)
+    assert gpu_check.plain_qwen3_gradients_finite(profile, "sdpa bfloat16", ids, mask) is True
+
+    def poisoned(*args, **kwargs):
+        output, weights = sdpa_attention_forward(*args, **kwargs)
+        return output * float("nan"), weights
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", poisoned)
+    assert gpu_check.plain_qwen3_gradients_finite(profile, "sdpa bfloat16", ids, mask) is False
+    section = gpu_check.SectionRecord({})
+    gpu_check.check_attention(profile, section)
+    failed = {check["name"].rsplit(":", 1)[0] for check in section.data["checks"] if not check["pass"]}
+    assert failed == {f"{mode} sdpa {dtype}" for mode in gpu_check.MODES for dtype in ("float32", "bfloat16")}
+    assert section.data["figures"]["qwen3 sdpa float32: gradients finite"] is False
+    assert section.data["figures"]["qwen3 sdpa bfloat16: gradients finite"] is False
