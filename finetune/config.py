@@ -14,11 +14,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 # The options that say how one invocation runs, not what the run is: neither recorded nor compared on --resume.
 INVOCATION_OPTIONS = frozenset({"resume", "overwrite", "stop_after_step"})
+# The key under which a run's settings record the model configuration it trains, as resolved from the options.
+MODEL_CONFIGURATION = "model_configuration"
 # The options that may differ when a run is resumed: they change how long it goes on, what it reports and what it
 # writes, never what is trained or on what. Every other option, one added later included, must stay as the run
 # started. A new --max-steps also stretches the cosine schedule over the new length from the resumed step on.
 RESUMABLE_OPTIONS = frozenset({
     "output_dir",  # the run directory may have been moved
+    "model_config",  # so may the file: what it says is compared, as the model configuration
     "max_steps",
     "log_every", "eval_every", "eval_batch_size", "report_to",
     "save_every", "keep_checkpoints", "save_dtype", "push_to_hub",
@@ -211,14 +214,29 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _config_changes(old: dict, new: dict) -> list[str]:
+    """`"name OLD -> NEW"` for each entry that differs between two model configurations; the name alone where a
+    value is a list or a mapping, too long for one line."""
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key, "(not set)"), new.get(key, "(not set)")
+        if before != after:
+            nested = isinstance(before, (dict, list)) or isinstance(after, (dict, list))
+            changes.append(key if nested else f"{key} {before} -> {after}")
+    return changes
+
+
 def resume_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
-    """The settings of a run (its options and `num_processes`) that differ between the start of the run (`saved`)
-    and its resumption (`current`), as `(refused, allowed)` lists of `"--name OLD -> NEW"`; allowed are those in
-    `RESUMABLE_OPTIONS`."""
+    """The settings of a run (its options, `num_processes` and the resolved model configuration) that differ
+    between the start of the run (`saved`) and its resumption (`current`), as `(refused, allowed)` lists of
+    `"--name OLD -> NEW"` (the model configuration as one entry); allowed are those in `RESUMABLE_OPTIONS`."""
     refused, allowed = [], []
     for name in sorted(saved.keys() | current.keys()):
         old, new = saved.get(name, "(not recorded)"), current.get(name, "(not recorded)")
-        if old != new:
+        if name == MODEL_CONFIGURATION and isinstance(old, dict) and isinstance(new, dict):
+            if old != new:
+                refused.append(f"model configuration ({'; '.join(_config_changes(old, new))})")
+        elif old != new:
             label = "number of processes" if name == "num_processes" else flag(name)
             (allowed if name in RESUMABLE_OPTIONS else refused).append(f"{label} {old} -> {new}")
     return refused, allowed

@@ -23,6 +23,9 @@ ROUTING_MARK = "_route."  # in every routing parameter's name: attn_route, mlp_r
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VOCAB_MULTIPLE = 64  # a new model's vocabulary is the tokenizer's, rounded up for efficient matrix shapes
 MODEL_CLASSES = {"delta_qwen3": DeltaQwen3ForCausalLM, "qwen3": Qwen3ForCausalLM}
+# Not what is trained: the Transformers release that built the configuration, and where it was read from (the
+# options naming the source are compared on --resume on their own).
+UNRECORDED_CONFIG_KEYS = ("transformers_version", "_name_or_path")
 
 
 def is_routing_parameter(name: str) -> bool:
@@ -110,6 +113,13 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
         return DeltaQwen3Config(**{**fields, **special, **routing})
     except (TypeError, ValueError) as error:
         raise CommandError(f"invalid model configuration: {error}") from error
+
+
+def recorded_model_config(model_config: PretrainedConfig) -> dict:
+    """The values of `model_config` that differ from its class's defaults, as JSON: what a run records, so that a
+    resumed run finds an edited --model-config file, or another checkpoint at the --model path, whatever the path."""
+    fields = {key: value for key, value in model_config.to_diff_dict().items() if key not in UNRECORDED_CONFIG_KEYS}
+    return json.loads(json.dumps(fields))
 
 
 def enable_activation_checkpointing(model: PreTrainedModel, **checkpoint_kwargs) -> None:

@@ -7,10 +7,10 @@ from accelerate.utils import DistributedType, set_seed
 from delta_qwen3.errors import CommandError
 from delta_qwen3.interrupts import interruption, run_command
 
-from .config import INVOCATION_OPTIONS, FinetuneConfig, parse_args, resume_changes
+from .config import INVOCATION_OPTIONS, MODEL_CONFIGURATION, FinetuneConfig, parse_args, resume_changes
 from .data import build_training_data
 from .loop import train
-from .model import build_model, build_model_config, gates_as_vectors, load_tokenizer
+from .model import build_model, build_model_config, gates_as_vectors, load_tokenizer, recorded_model_config
 from .optim import build_optimizer, build_schedule
 from .outputs import (
     check_output_dir,
@@ -30,11 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_command("finetune", lambda: run(parse_args(argv)))
 
 
-def run_settings(config: FinetuneConfig, accelerator: Accelerator) -> dict:
+def run_settings(config: FinetuneConfig, accelerator: Accelerator, model_config) -> dict:
     """What a resumed run must keep (`RESUMABLE_OPTIONS` aside): the options (those of one invocation aside), with
-    the mixed precision as accelerate resolved it, and the number of processes, which shares out the data."""
+    the mixed precision as accelerate resolved it, the number of processes, which shares out the data, and the
+    model configuration the options resolved to."""
     options = {name: value for name, value in config.to_dict().items() if name not in INVOCATION_OPTIONS}
-    return {**options, "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.num_processes}
+    return {**options, "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.num_processes,
+            MODEL_CONFIGURATION: recorded_model_config(model_config)}  # fmt: skip
 
 
 def check_resume(config: FinetuneConfig, settings: dict, step: int, accelerator: Accelerator) -> None:
@@ -46,6 +48,10 @@ def check_resume(config: FinetuneConfig, settings: dict, step: int, accelerator:
     if saved is None:
         accelerator.print(f"{run_config_path(config.output_dir)} is missing: the options cannot be checked")
         return
+    if MODEL_CONFIGURATION not in saved:
+        accelerator.print(f"{run_config_path(config.output_dir)} does not record the model configuration (the run "
+                          "started with an earlier release): it cannot be checked")  # fmt: skip
+        saved = {**saved, MODEL_CONFIGURATION: settings[MODEL_CONFIGURATION]}
     refused, allowed = resume_changes(saved, settings)
     if refused:
         raise CommandError(
@@ -62,17 +68,17 @@ def run(config: FinetuneConfig) -> int:
     trackers = {"none": None, "all": "all"}.get(config.report_to, [config.report_to])
     accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers, project_dir=config.output_dir)
     checkpoint = check_output_dir(config)
-    settings = run_settings(config, accelerator)
+    if config.lora and accelerator.distributed_type == DistributedType.FSDP:
+        raise CommandError("--lora is not supported with FSDP: the adapters are merged into unsharded weights")
+    tokenizer = load_tokenizer(config)
+    model_config = build_model_config(config, tokenizer)
+    settings = run_settings(config, accelerator, model_config)
     if checkpoint is not None:
         check_resume(config, settings, checkpoint[1], accelerator)
     elif config.resume:
         accelerator.print(f"no checkpoint in {config.output_dir}: starting from step 0")
-    if config.lora and accelerator.distributed_type == DistributedType.FSDP:
-        raise CommandError("--lora is not supported with FSDP: the adapters are merged into unsharded weights")
-    set_seed(config.seed)
 
-    tokenizer = load_tokenizer(config)
-    model_config = build_model_config(config, tokenizer)
+    set_seed(config.seed)
     data = build_training_data(config, tokenizer, accelerator.num_processes)
     model = build_model(config, model_config)
     if accelerator.distributed_type == DistributedType.FSDP:

@@ -17,7 +17,13 @@ from helpers.training import log_lines, run_env, tiny_run_args, weights
 
 import finetune
 from delta_qwen3.errors import RunError
-from finetune.config import INVOCATION_OPTIONS, RESUMABLE_OPTIONS, FinetuneConfig, resume_changes
+from finetune.config import (
+    INVOCATION_OPTIONS,
+    MODEL_CONFIGURATION,
+    RESUMABLE_OPTIONS,
+    FinetuneConfig,
+    resume_changes,
+)
 from finetune.loop import DivergenceWatch
 
 
@@ -124,6 +130,15 @@ def test_the_options_that_may_change_on_resume_are_options():
         ["--new-option (not recorded) -> 1"],
         [],
     )
+    # The model configuration is one entry: its changed values, or only the names of changed lists and mappings.
+    saved = {MODEL_CONFIGURATION: {"rms_norm_eps": 1e-06, "layer_types": ["full_attention"], "head_dim": 16}}
+    current = {MODEL_CONFIGURATION: {"rms_norm_eps": 1e-05, "layer_types": [], "tie_word_embeddings": True}}
+    assert resume_changes(saved, current) == (
+        ["model configuration (head_dim 16 -> (not set); layer_types; rms_norm_eps 1e-06 -> 1e-05; "
+         "tie_word_embeddings (not set) -> True)"],
+        [],
+    )  # fmt: skip
+    assert resume_changes(saved, saved) == ([], [])
 
 
 def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeated(
@@ -144,8 +159,11 @@ def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeate
     message = failed([*argv, "--resume", "--model", str(qwen3), "--seq-len", "16"], capsys)
     assert message == (
         f"finetune: error: --resume: these settings differ from those the run in {out} started with, and would "
-        f"change what is trained or on what: --model {delta_checkpoint} -> {qwen3}; --seq-len 32 -> 16 (start a "
-        "new run with another --output-dir, or with --overwrite)"
+        f"change what is trained or on what: --model {delta_checkpoint} -> {qwen3}; model configuration "
+        "(architectures; auto_map; hidden_size 32 -> 64; intermediate_size 64 -> 128; layer_types; model_type "
+        "delta_qwen3 -> qwen3; num_attention_heads 2 -> 4; num_hidden_layers 2 -> 4; num_key_value_heads 1 -> 2; "
+        "routing_gate False -> (not set); routing_mode delta -> (not set); routing_num_blocks 2 -> (not set)); "
+        "--seq-len 32 -> 16 (start a new run with another --output-dir, or with --overwrite)"
     )
     assert failed([*argv, "--resume", "--max-steps", "1"], capsys) == (
         "finetune: error: --max-steps 1 is before the step of the checkpoint to resume (2)"
@@ -157,6 +175,47 @@ def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeate
     assert "resuming with changed options: --log-every 1 -> 2; --max-steps 4 -> 5" in capsys.readouterr().out
     assert [line["step"] for line in log_lines(out) if "loss" in line] == [1, 2, 4, 5]
     assert json.loads((out / "run_config.json").read_text()) == {**settings, "max_steps": 5, "log_every": 2}
+
+
+def test_resume_compares_what_the_model_configuration_file_says_not_where_it_is(
+    tmp_path, jsonl_corpus, tokenizer, capsys
+):  # fmt: skip
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 64, "rms_norm_eps": 1e-6}  # fmt: skip
+    config_file = tmp_path / "shape.json"
+    config_file.write_text(json.dumps(shape))
+    out = tmp_path / "out"
+    scratch = ["--from-scratch", "--mode", "delta", "--tokenizer", str(tmp_path / "tokenizer"), "--save-every", "2"]
+    argv = tiny_run_args(jsonl_corpus, out, *scratch, "--max-steps", "4")
+    assert finetune.main([*argv, "--model-config", str(config_file), "--stop-after-step", "3"]) == 0
+    recorded = json.loads((out / "run_config.json").read_text())[MODEL_CONFIGURATION]
+    assert (recorded["model_type"], recorded["routing_mode"], recorded["hidden_size"]) == ("delta_qwen3", "delta", 32)
+    before = file_hashes(out)
+
+    # The same path, another model: refused.
+    config_file.write_text(json.dumps({**shape, "rms_norm_eps": 1e-5}))
+    capsys.readouterr()
+    assert failed([*argv, "--model-config", str(config_file), "--resume"], capsys) == (
+        f"finetune: error: --resume: these settings differ from those the run in {out} started with, and would "
+        "change what is trained or on what: model configuration (rms_norm_eps 1e-06 -> 1e-05) (start a new run "
+        "with another --output-dir, or with --overwrite)"
+    )
+    assert file_hashes(out) == before
+
+    # Another path, the same model: resumed.
+    moved = tmp_path / "moved.json"
+    moved.write_text(json.dumps(shape))
+    assert finetune.main([*argv, "--model-config", str(moved), "--resume", "--stop-after-step", "3"]) == 0
+    assert f"resuming with changed options: --model-config {config_file} -> {moved}" in capsys.readouterr().out
+
+    # A run recorded before the model configuration was: resumed, saying what cannot be checked.
+    settings = json.loads((out / "run_config.json").read_text())
+    del settings[MODEL_CONFIGURATION]
+    (out / "run_config.json").write_text(json.dumps(settings))
+    assert finetune.main([*argv, "--model-config", str(moved), "--resume"]) == 0
+    assert "does not record the model configuration" in capsys.readouterr().out
+    assert json.loads((out / "run_config.json").read_text())[MODEL_CONFIGURATION] == recorded
 
 
 # --- bad input found before training -----------------------------------------------------------------------------
