@@ -233,10 +233,11 @@ def resume_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     refused, allowed = [], []
     for name in sorted(saved.keys() | current.keys()):
         old, new = saved.get(name, "(not recorded)"), current.get(name, "(not recorded)")
+        if old == new:
+            continue
         if name == MODEL_CONFIGURATION and isinstance(old, dict) and isinstance(new, dict):
-            if old != new:
-                refused.append(f"model configuration ({'; '.join(_config_changes(old, new))})")
-        elif old != new:
+            refused.append(f"model configuration ({'; '.join(_config_changes(old, new))})")
+        else:
             label = "number of processes" if name == "num_processes" else flag(name)
             (allowed if name in RESUMABLE_OPTIONS else refused).append(f"{label} {old} -> {new}")
     return refused, allowed
