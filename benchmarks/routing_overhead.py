@@ -93,7 +93,7 @@ class Settings:
     train_shape: dict | None = None  # the training figures' shape: by default SMALL with `train_layers` layers
     build_orders: tuple[str, ...] = ("qwen3_first", "variant_first")  # which of the two to time
     compile_backend: str = "inductor"
-    routing_implementation: str | None = None  # None: the model's default (fla's kernel where it runs)
+    routing_implementation: str | None = None  # None: the model's default
 
     def training_shape(self) -> dict:
         return self.train_shape or {**SMALL, "num_hidden_layers": self.train_layers}

@@ -41,7 +41,7 @@ class DeltaQwen3Config(Qwen3Config):
             or on a model with `set_routing_implementation`; never saved): `"buffer"` (sources in one buffer,
             backward written by hand), `"fla"` (flash-linear-attention's fused kernel, CUDA), `"compiled"`
             (traceable by `torch.compile(fullgraph=True)`), `"reference"` (SPEC section 2 in plain PyTorch). By
-            default `"compiled"` under `torch.compile`, else `"fla"` where it runs, else `"buffer"`.
+            default `"buffer"`, or `"compiled"` under `torch.compile` and gradient checkpointing.
 
     ```python
     >>> from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM

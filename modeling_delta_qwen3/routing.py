@@ -322,16 +322,13 @@ class RoutingPlan:
 
 def resolve_implementation(requested: str | None, h0: torch.Tensor, checkpointing: bool = False) -> str:
     """The implementation that routes hidden states like `h0`, in layers that gradient checkpointing recomputes or
-    not: `requested` when it can, else a `ValueError` that says why; by default, under `torch.compile` the compiled
-    one, else fla's kernel where it runs, else the buffer, or under gradient checkpointing the compiled one. Checked
-    here too: `from_pretrained` sets the field after the model's own check."""
+    not: `requested` when it can, else a `ValueError` that says why; by default the buffer, or the compiled one under
+    `torch.compile` and gradient checkpointing. fla's kernel only when asked for: on a GPU it measured slower than the
+    buffer and autotunes for every new number of sources. Checked here too: `from_pretrained` sets the field after
+    the model's own check."""
     check_routing_implementation(requested)
     if requested is None:
-        if torch.compiler.is_compiling():
-            return "compiled"
-        if fla_unavailable(h0) is None:
-            return "fla"
-        return "compiled" if checkpointing else "buffer"
+        return "compiled" if torch.compiler.is_compiling() or checkpointing else "buffer"
     implementation = IMPLEMENTATIONS[requested]
     if (reason := implementation.unavailable(h0)) is not None:
         raise ValueError(f"routing_implementation={requested!r} cannot route this forward pass: {reason}")

@@ -1,4 +1,4 @@
-"""The `"buffer"` routing implementation, the default in eager mode without flash-linear-attention: the sources a
+"""The `"buffer"` routing implementation, the default in eager mode: the sources a
 forward pass routes over, and the routing points' mixture of them, at almost no cost in memory or time.
 
 For a routing point `p` with `w = q * g` (query times norm weight) and optional gate `gamma`, over sources

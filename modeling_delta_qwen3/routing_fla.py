@@ -1,6 +1,6 @@
 """The `"fla"` routing implementation: flash-linear-attention's `fused_attnres`, which computes `mix_p` (RMS-normalised
 sources scored against the query, softmax over sources, weighted sum) in fused kernels, forward and backward. It
-needs CUDA and the package (`pip install delta-qwen3[fla]`); it is the default where both are there."""
+needs CUDA and the package (`pip install delta-qwen3[fla]`), and is used only when asked for by name."""
 
 import torch
 

@@ -3,6 +3,7 @@ Triton's interpreter in a fresh interpreter (`tests/routing/fla_kernel_on_cpu.py
 builds: fla-core 0.6.0 and Triton 3.7.1, the version PyTorch 2.13's CUDA wheels pin), compute the spec's function
 forward and backward, alone and through the model; and the model refuses fla where it cannot run, saying why."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -67,8 +68,9 @@ def test_the_model_through_the_kernel_matches_the_reference_implementation(kerne
     assert max(errors["most_sources"] for errors in kernel_report["model"].values()) > 4
 
 
-def test_fla_is_only_used_on_cuda(monkeypatch):
-    """By default fla routes only where it can; asked for where it cannot, it says why instead of falling back."""
+def test_fla_is_only_used_when_asked_for(monkeypatch):
+    """fla never routes by default, not even where it can; asked for where it cannot, it says why instead of falling
+    back."""
     assert routing.resolve_implementation(None, torch.zeros(1)) == "buffer"
     monkeypatch.setattr(routing_fla, "fused_attnres", lambda *args, **kwargs: None)  # as if installed
     assert routing.resolve_implementation(None, torch.zeros(1)) == "buffer"
@@ -79,3 +81,13 @@ def test_fla_is_only_used_on_cuda(monkeypatch):
     monkeypatch.setattr(routing_fla, "fused_attnres", None)
     with pytest.raises(ValueError, match="routing_implementation='fla' cannot .*not installed"):
         model(token_ids())
+
+    def runs_here(x):
+        return None
+
+    monkeypatch.setattr(routing, "fla_unavailable", runs_here)  # as on CUDA with fla installed
+    monkeypatch.setitem(routing.IMPLEMENTATIONS, "fla", dataclasses.replace(routing.IMPLEMENTATIONS["fla"],
+                                                                             unavailable=runs_here))
+    assert routing.resolve_implementation(None, torch.zeros(1)) == "buffer"
+    assert routing.resolve_implementation(None, torch.zeros(1), checkpointing=True) == "compiled"
+    assert routing.resolve_implementation("fla", torch.zeros(1)) == "fla"
