@@ -16,6 +16,7 @@ Each document is tokenised without special tokens and followed by the tokenizer'
 pre-training: the same token stream whether it is trained on or scored.
 """
 
+import hashlib
 import itertools
 import random
 import sys
@@ -114,6 +115,26 @@ def read_texts(source: str, *, text_field: str = "text", split: str = "validatio
     if not texts:
         raise CommandError(f"{option} {source} has no non-empty documents")
     return texts
+
+
+def documents_content(source: str) -> str:
+    """What `source` holds, in a line: for local data the number and bytes of its files and a hash of their contents
+    (with their paths within a directory, which order its documents); for a Hub dataset its name. A copy elsewhere
+    holds the same; a file changed in place does not."""
+    path = Path(source)
+    if not path.exists():
+        return f"Hub dataset {source}"
+    files = _local_files(path, "--data")
+    digest = hashlib.blake2b(digest_size=8)
+    for file in files:
+        if path.is_dir():
+            digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
+        with open(file, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        digest.update(b"\0")
+    size = sum(file.stat().st_size for file in files)
+    return f"{len(files)} file{'s' if len(files) > 1 else ''} of {size} bytes, blake2b {digest.hexdigest()}"
 
 
 def _local_files(path: Path, option: str) -> list[Path]:

@@ -14,14 +14,24 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 # The options that say how one invocation runs, not what the run is: neither recorded nor compared on --resume.
 INVOCATION_OPTIONS = frozenset({"resume", "overwrite", "stop_after_step"})
-# The key under which a run's settings record the model configuration it trains, as resolved from the options.
+# The keys under which a run's settings record what its options resolved to, with what each is called when it
+# differs on --resume: the model configuration it trains, and what its data and tokenizer hold, so that a file moved
+# elsewhere resumes and one changed in place does not.
 MODEL_CONFIGURATION = "model_configuration"
+DATA_CONTENT = "data_content"
+TOKENIZER_CONTENT = "tokenizer_content"
+RESOLVED_SETTINGS = {
+    MODEL_CONFIGURATION: "the model configuration",
+    DATA_CONTENT: "what the data holds",
+    TOKENIZER_CONTENT: "the tokenizer's vocabulary, rules and special tokens",
+}
 # The options that may differ when a run is resumed: they change how long it goes on, what it reports and what it
 # writes, never what is trained or on what. Every other option, one added later included, must stay as the run
 # started. A new --max-steps also stretches the cosine schedule over the new length from the resumed step on.
 RESUMABLE_OPTIONS = frozenset({
     "output_dir",  # the run directory may have been moved
     "model_config",  # so may the file: what it says is compared, as the model configuration
+    "data", "tokenizer",  # so may these: what they hold is compared
     "max_steps",
     "log_every", "eval_every", "eval_batch_size", "report_to",
     "save_every", "keep_checkpoints", "save_dtype", "push_to_hub",
@@ -237,6 +247,8 @@ def resume_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
             continue
         if name == MODEL_CONFIGURATION and isinstance(old, dict) and isinstance(new, dict):
             refused.append(f"model configuration ({'; '.join(_config_changes(old, new))})")
+        elif name in RESOLVED_SETTINGS:
+            refused.append(f"{RESOLVED_SETTINGS[name]} ({old} -> {new})")
         else:
             label = "number of processes" if name == "num_processes" else flag(name)
             (allowed if name in RESUMABLE_OPTIONS else refused).append(f"{label} {old} -> {new}")

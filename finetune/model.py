@@ -5,6 +5,7 @@ The configuration is built and checked first (`build_model_config`), so that a w
 reported before any weights are read.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -120,6 +121,15 @@ def recorded_model_config(model_config: PretrainedConfig) -> dict:
     resumed run finds an edited --model-config file, or another checkpoint at the --model path, whatever the path."""
     fields = {key: value for key, value in model_config.to_diff_dict().items() if key not in UNRECORDED_CONFIG_KEYS}
     return json.loads(json.dumps(fields))
+
+
+def tokenizer_content(tokenizer) -> str:
+    """A hash of what makes `tokenizer` tokenise as it does (its rules and vocabulary, and its special tokens): what
+    a run records, so that a resumed run finds another tokenizer at the --tokenizer path, whatever the path."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    rules = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True)
+    return "blake2b " + hashlib.blake2b(f"{rules}\0{special}".encode(), digest_size=8).hexdigest()
 
 
 def enable_activation_checkpointing(model: PreTrainedModel, **checkpoint_kwargs) -> None:

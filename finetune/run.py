@@ -6,11 +6,28 @@ from accelerate.utils import DistributedType, set_seed
 
 from delta_qwen3.errors import CommandError
 from delta_qwen3.interrupts import interruption, run_command
+from delta_qwen3.texts import documents_content
 
-from .config import INVOCATION_OPTIONS, MODEL_CONFIGURATION, FinetuneConfig, parse_args, resume_changes
+from .config import (
+    DATA_CONTENT,
+    INVOCATION_OPTIONS,
+    MODEL_CONFIGURATION,
+    RESOLVED_SETTINGS,
+    TOKENIZER_CONTENT,
+    FinetuneConfig,
+    parse_args,
+    resume_changes,
+)
 from .data import build_training_data
 from .loop import train
-from .model import build_model, build_model_config, gates_as_vectors, load_tokenizer, recorded_model_config
+from .model import (
+    build_model,
+    build_model_config,
+    gates_as_vectors,
+    load_tokenizer,
+    recorded_model_config,
+    tokenizer_content,
+)
 from .optim import build_optimizer, build_schedule
 from .outputs import (
     check_output_dir,
@@ -30,13 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     return run_command("finetune", lambda: run(parse_args(argv)))
 
 
-def run_settings(config: FinetuneConfig, accelerator: Accelerator, model_config) -> dict:
+def run_settings(config: FinetuneConfig, accelerator: Accelerator, model_config, tokenizer) -> dict:
     """What a resumed run must keep (`RESUMABLE_OPTIONS` aside): the options (those of one invocation aside), with
-    the mixed precision as accelerate resolved it, the number of processes, which shares out the data, and the
-    model configuration the options resolved to."""
+    the mixed precision as accelerate resolved it, the number of processes, which shares out the data, and what the
+    options resolved to: the model configuration, what the data holds and the tokenizer."""
     options = {name: value for name, value in config.to_dict().items() if name not in INVOCATION_OPTIONS}
     return {**options, "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.num_processes,
-            MODEL_CONFIGURATION: recorded_model_config(model_config)}  # fmt: skip
+            MODEL_CONFIGURATION: recorded_model_config(model_config), DATA_CONTENT: documents_content(config.data),
+            TOKENIZER_CONTENT: tokenizer_content(tokenizer)}  # fmt: skip
 
 
 def check_resume(config: FinetuneConfig, settings: dict, step: int, accelerator: Accelerator) -> None:
@@ -48,10 +66,11 @@ def check_resume(config: FinetuneConfig, settings: dict, step: int, accelerator:
     if saved is None:
         accelerator.print(f"{run_config_path(config.output_dir)} is missing: the options cannot be checked")
         return
-    if MODEL_CONFIGURATION not in saved:
-        accelerator.print(f"{run_config_path(config.output_dir)} does not record the model configuration (the run "
-                          "started with an earlier release): it cannot be checked")  # fmt: skip
-        saved = {**saved, MODEL_CONFIGURATION: settings[MODEL_CONFIGURATION]}
+    for key, what in RESOLVED_SETTINGS.items():
+        if key not in saved:
+            accelerator.print(f"{run_config_path(config.output_dir)} does not record {what} (the run started with "
+                              "an earlier release): it cannot be checked")  # fmt: skip
+            saved = {**saved, key: settings[key]}
     refused, allowed = resume_changes(saved, settings)
     if refused:
         raise CommandError(
@@ -72,7 +91,7 @@ def run(config: FinetuneConfig) -> int:
         raise CommandError("--lora is not supported with FSDP: the adapters are merged into unsharded weights")
     tokenizer = load_tokenizer(config)
     model_config = build_model_config(config, tokenizer)
-    settings = run_settings(config, accelerator, model_config)
+    settings = run_settings(config, accelerator, model_config, tokenizer)
     if checkpoint is not None:
         check_resume(config, settings, checkpoint[1], accelerator)
     elif config.resume:

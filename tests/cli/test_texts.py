@@ -13,7 +13,14 @@ import torch
 
 from delta_qwen3.errors import CommandError
 from delta_qwen3.sharpness import depth_bands, mean_max_weights, normalised_sharpness, point_max_weights
-from delta_qwen3.texts import document_token_ids, open_documents, read_texts, shuffle_buffer, token_stream
+from delta_qwen3.texts import (
+    document_token_ids,
+    documents_content,
+    open_documents,
+    read_texts,
+    shuffle_buffer,
+    token_stream,
+)
 
 
 def test_a_text_file_is_one_document_with_its_paragraphs(tmp_path):
@@ -91,6 +98,25 @@ def test_a_hub_dataset_is_streamed_by_its_id(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(CommandError, match="not loadable from the Hub: the Hub cannot be reached"):
         open_documents("someone/missing")
+
+
+def test_what_data_holds_is_its_files_contents_and_order_wherever_it_is(tmp_path):
+    """What a training run records of its data, to refuse a resume on other data: the same for a copy elsewhere,
+    different for an edited file or for files whose paths (and so the order of their documents) differ."""
+    for folder in ("here", "there"):
+        (tmp_path / folder / "b").mkdir(parents=True)
+        (tmp_path / folder / "a.jsonl").write_text('{"text": "one"}\n')
+        (tmp_path / folder / "b" / "c.jsonl").write_text('{"text": "two"}\n')
+    here = documents_content(str(tmp_path / "here"))
+    assert here == documents_content(str(tmp_path / "there"))
+    assert here.startswith("2 files of 32 bytes, blake2b ")
+    (tmp_path / "there" / "b" / "c.jsonl").rename(tmp_path / "there" / "b" / "0.jsonl")
+    assert documents_content(str(tmp_path / "there")) != here
+    one_file = documents_content(str(tmp_path / "here" / "a.jsonl"))
+    assert one_file == documents_content(str(tmp_path / "there" / "a.jsonl"))
+    (tmp_path / "here" / "a.jsonl").write_text('{"text": "One"}\n')
+    assert documents_content(str(tmp_path / "here" / "a.jsonl")) != one_file
+    assert documents_content("HuggingFaceFW/fineweb-edu") == "Hub dataset HuggingFaceFW/fineweb-edu"
 
 
 def test_read_texts_drops_blank_documents_and_keeps_the_first_limit(tmp_path):

@@ -18,6 +18,7 @@ from helpers.training import log_lines, run_env, tiny_run_args, weights
 import finetune
 from delta_qwen3.errors import RunError
 from finetune.config import (
+    DATA_CONTENT,
     INVOCATION_OPTIONS,
     MODEL_CONFIGURATION,
     RESUMABLE_OPTIONS,
@@ -139,6 +140,9 @@ def test_the_options_that_may_change_on_resume_are_options():
         [],
     )  # fmt: skip
     assert resume_changes(saved, saved) == ([], [])
+    # What the data holds is refused when it changes, named as such; where the data is, is not.
+    saved, current = {"data": "a", DATA_CONTENT: "Hub dataset a"}, {"data": "b", DATA_CONTENT: "Hub dataset b"}
+    assert resume_changes(saved, current) == (["what the data holds (Hub dataset a -> Hub dataset b)"], ["--data a -> b"])
 
 
 def test_resume_refuses_settings_that_change_the_run_and_keeps_the_log_unrepeated(
@@ -216,6 +220,51 @@ def test_resume_compares_what_the_model_configuration_file_says_not_where_it_is(
     assert finetune.main([*argv, "--model-config", str(moved), "--resume"]) == 0
     assert "does not record the model configuration" in capsys.readouterr().out
     assert json.loads((out / "run_config.json").read_text())[MODEL_CONFIGURATION] == recorded
+
+
+def test_resume_compares_what_the_data_and_the_tokenizer_hold_not_where_they_are(
+    tmp_path, jsonl_corpus, tokenizer, capsys
+):  # fmt: skip
+    data, tokenizer_dir = tmp_path / "data.jsonl", tmp_path / "tokenizer"
+    data_copy, tokenizer_copy = tmp_path / "elsewhere" / "data.jsonl", tmp_path / "elsewhere" / "tokenizer"
+    for data_path, tokenizer_path in ((data, tokenizer_dir), (data_copy, tokenizer_copy)):
+        data_path.parent.mkdir(exist_ok=True)
+        data_path.write_bytes(jsonl_corpus.read_bytes())
+        tokenizer.save_pretrained(tokenizer_path)
+    out = tmp_path / "out"
+    scratch = ["--from-scratch", "--mode", "delta", "--preset", "tiny", "--save-every", "2", "--max-steps", "4"]
+    argv = tiny_run_args(data, out, *scratch, "--tokenizer", str(tokenizer_dir))
+    assert finetune.main([*argv, "--stop-after-step", "3"]) == 0
+    before = file_hashes(out)
+    capsys.readouterr()
+
+    # The same paths, other contents: refused, the run directory untouched.
+    data.write_bytes(jsonl_corpus.read_bytes()[:-200] + b"\n")
+    assert re.fullmatch(
+        "finetune: error: --resume: these settings differ from those the run in .* started with, and would change "
+        r"what is trained or on what: what the data holds \(1 file of \d+ bytes, blake2b [0-9a-f]{16} -> 1 file of "
+        r"\d+ bytes, blake2b [0-9a-f]{16}\) \(start a new run with another --output-dir, or with --overwrite\)",
+        failed([*argv, "--resume"], capsys),
+    )
+    data.write_bytes(jsonl_corpus.read_bytes())
+    rules = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    merges = rules["model"]["merges"]
+    merges[0], merges[1] = merges[1], merges[0]  # the same vocabulary, another tokenisation
+    (tokenizer_dir / "tokenizer.json").write_text(json.dumps(rules))
+    assert re.search(
+        r"or on what: the tokenizer's vocabulary, rules and special tokens \(blake2b [0-9a-f]{16} -> blake2b "
+        r"[0-9a-f]{16}\) \(start",
+        failed([*argv, "--resume"], capsys),
+    )
+    assert file_hashes(out) == before
+
+    # Copies elsewhere of what the run started with: resumed.
+    moved = [*argv, "--data", str(data_copy), "--tokenizer", str(tokenizer_copy)]
+    assert finetune.main([*moved, "--resume"]) == 0
+    assert (
+        f"resuming with changed options: --data {data} -> {data_copy}; --tokenizer {tokenizer_dir} -> {tokenizer_copy}"
+        in capsys.readouterr().out
+    )
 
 
 # --- bad input found before training -----------------------------------------------------------------------------
