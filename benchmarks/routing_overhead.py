@@ -1,7 +1,9 @@
 """What routing costs: DeltaQwen3 against Hugging Face's `Qwen3ForCausalLM` of the same shape, in one run.
 
-Four figures, each as a ratio to Qwen3 measured in the same process:
+Five figures, each as a ratio to Qwen3 measured in the same process:
 - autograd saved-activation bytes of one training forward (unique storages, parameters excluded): noise-free;
+- the operations PyTorch dispatches in a training forward and backward pass and in a decoding step: noise-free, and
+  what bounds a step's time where each operation's dispatch costs more than its work (small shapes on a GPU);
 - training-step tokens/s (forward + backward + AdamW);
 - the same with both models under `torch.compile(fullgraph=True)`, and the seconds of each one's first step (its
   compilation);
@@ -18,6 +20,7 @@ up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`k
     python benchmarks/routing_overhead.py --quick             # a smoke run in a minute
     python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
     python benchmarks/routing_overhead.py --figures compiled_training --variants delta_block,delta --training-pairs 20
+    python benchmarks/routing_overhead.py --figures operations --variants delta_block,delta
 
 Targets, checked and printed at the end: memory <= 1.05 (Delta Block) / 1.15 (Delta AttnRes), at 28 layers no
 more than 0.03 above 12 layers; training >= 0.95 / 0.85; compiled training >= 0.97 / 0.90; decoding >= 0.95 for
@@ -36,6 +39,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from delta_qwen3.jsonl import json_text
@@ -53,7 +57,7 @@ VARIANTS = [
     ("attnres_block", "attnres_block", False),
     ("attnres_full", "attnres_full", False),
 ]
-FIGURES = ("memory", "training", "compiled_training", "decoding")
+FIGURES = ("memory", "operations", "training", "compiled_training", "decoding")
 MAX_MEMORY = {"delta_block": 1.05, "delta": 1.15}
 MIN_SPEED = {  # figure: mode: the least ratio to Qwen3
     "training": {"delta_block": 0.95, "delta": 0.85},
@@ -146,6 +150,27 @@ def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
         loss = model(ids, labels=ids).loss
     del loss
     return sum(storages.values())
+
+
+class _OperationCount(TorchDispatchMode):
+    """Counts the operations dispatched below autograd, views included (on a GPU a view launches no kernel, but its
+    dispatch costs about as much as a small kernel's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_operations(run: Callable[[], None]) -> int:
+    """The operations PyTorch dispatches in a call of `run`, after a first call that builds what later ones reuse."""
+    run()
+    with _OperationCount() as counter:
+        run()
+    return counter.count
 
 
 def _seconds(run: Callable[[], None], device: str) -> float:
@@ -288,6 +313,41 @@ def measure_memory(settings: Settings) -> dict:
     return results
 
 
+def measure_operations(settings: Settings) -> dict:
+    """Operations dispatched by a training forward and backward pass (gradients set to None before it, so that none
+    are accumulated) and by a decoding step, at each depth of the memory figure."""
+    ids = torch.randint(0, SMALL["vocab_size"], (settings.batch, settings.seq), device=settings.device)
+    prompt = ids[:1, : settings.prompt]
+
+    def training_pass(model: torch.nn.Module) -> Callable[[], None]:
+        model.train()
+
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            model(ids, labels=ids).loss.backward()
+
+        return run
+
+    def decoding_step(model: torch.nn.Module) -> Callable[[], None]:
+        decoder = GreedyDecoder(model, prompt)
+        decoder()  # the prompt
+        return decoder
+
+    results = {}
+    for name, make_run in (("training", training_pass), ("decoding", decoding_step)):
+        results[name] = {}
+        for layers in settings.depths:
+            shape = {**SMALL, "num_hidden_layers": layers}
+            counts = {
+                label: dispatched_operations(make_run(build(shape, mode, gated, settings)))
+                for label, mode, gated in settings.variants
+            }
+            results[name][layers] = {label: counts[label] / counts["qwen3"] for label in counts} | {
+                "qwen3_operations": counts["qwen3"]
+            }
+    return results
+
+
 def measure_training(settings: Settings) -> dict:
     shape = settings.training_shape()
     ids = torch.randint(0, shape["vocab_size"], (settings.batch, settings.seq), device=settings.device)
@@ -357,6 +417,8 @@ def check_targets(results: dict, labels: list[str]) -> list[str]:
 
 def format_table(results: dict, labels: list[str]) -> str:
     columns = [(f"memory {d}L", results["memory"][d]) for d in sorted(results.get("memory", {}))]
+    for step, counts in results.get("operations", {}).items():
+        columns += [(f"{step} ops {d}L", counts[d]) for d in sorted(counts)]
     titles = {"training": "train tok/s", "compiled_training": "compiled train tok/s", "decoding": "decode tok/s"}
     columns += [(title, results[figure]) for figure, title in titles.items() if figure in results]
     header = ["variant"] + [title for title, _ in columns]
@@ -444,8 +506,8 @@ def main(argv: list[str] | None = None) -> int:
             "freed_memory_kept": kept,
         },
     }
-    measures = {"memory": measure_memory, "training": measure_training, "compiled_training": measure_compiled_training,
-                "decoding": measure_decoding}  # fmt: skip
+    measures = {"memory": measure_memory, "operations": measure_operations, "training": measure_training,
+                "compiled_training": measure_compiled_training, "decoding": measure_decoding}  # fmt: skip
     results |= {figure: measures[figure](settings) for figure in settings.figures}
     labels = [label for label, _, _ in settings.variants]
     missed = check_targets(results, labels[1:])

@@ -5,10 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from helpers.paths import REPO_ROOT, VLLM_PYTHON
 from helpers.running import isolated_env
 
-from benchmarks.routing_overhead import VARIANTS
+from benchmarks.routing_overhead import VARIANTS, Settings, dispatched_operations, measure_operations
 
 
 @pytest.mark.slow
@@ -126,3 +127,20 @@ def test_serving_quick_run_reports_every_ratio(tmp_path):
     assert all(ratio > 0 for ratio in results["ratios"]["delta_block"].values())
     assert results["prompts_with_qwen3_tokens"] == {"delta_block": 4}
     assert "Delta Block: throughput" in completed.stdout
+
+
+def test_dispatched_operations_counts_each_operation_below_autograd_views_included():
+    x = torch.ones(2, 2, requires_grad=True)
+    assert dispatched_operations(lambda: x.view(-1).mul(2).sum()) == 3  # view, mul, sum
+
+    settings = Settings(device="cpu", dtype=torch.float32, batch=2, seq=16, depths=[2, 4], train_layers=2,
+                        training_pairs=1, decode_shape={}, prompt=8, new_tokens=1, decode_runs=1,
+                        keep_freed_memory=False, variants=[VARIANTS[0], VARIANTS[1]])  # fmt: skip
+    first, again = measure_operations(settings), measure_operations(settings)
+    assert first == again  # exact: no noise to average away
+    for step in ("training", "decoding"):
+        for layers in (2, 4):
+            counts = first[step][layers]
+            assert counts["qwen3"] == 1.0 and counts["delta_block"] > 1.0  # routing adds operations
+            assert isinstance(counts["qwen3_operations"], int) and counts["qwen3_operations"] > 0
+        assert first[step][4]["qwen3_operations"] > first[step][2]["qwen3_operations"]  # more layers, more
