@@ -21,6 +21,8 @@ up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`k
     python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
     python benchmarks/routing_overhead.py --figures compiled_training --variants delta_block,delta --training-pairs 20
     python benchmarks/routing_overhead.py --figures operations --variants delta_block,delta
+    python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --figures training --variants delta_block \
+        --routing-implementation fla     # a routing implementation other than the model's default
 
 Targets, checked and printed at the end: memory <= 1.05 (Delta Block) / 1.15 (Delta AttnRes), at 28 layers no
 more than 0.03 above 12 layers; training >= 0.95 / 0.85; compiled training >= 0.97 / 0.90; decoding >= 0.95 for
@@ -46,6 +48,7 @@ from delta_qwen3.jsonl import json_text
 from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.modeling_delta_qwen3 import CACHE_NAME
+from modeling_delta_qwen3.routing import IMPLEMENTATIONS
 
 # (label, routing mode or None for Qwen3, gated)
 VARIANTS = [
@@ -469,6 +472,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
     parser.add_argument(
         "--system-allocator", action="store_true", help="keep glibc's default of returning freed memory at once"
     )
+    parser.add_argument(
+        "--routing-implementation", choices=list(IMPLEMENTATIONS), help="route every variant with this one (default: "
+        "the model's own choice, which under torch.compile is the compiled one)"
+    )  # fmt: skip
     args = parser.parse_args(argv)
     settings = Settings(
         device=args.device,
@@ -486,7 +493,12 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         variants=[VARIANTS[0]] + [variant for variant in VARIANTS[1:] if variant[0] in args.variants],
         figures=tuple(figure for figure in FIGURES if figure in args.figures),
         build_orders=("qwen3_first",) if args.quick else ("qwen3_first", "variant_first"),
+        routing_implementation=args.routing_implementation,
     )
+    if args.routing_implementation is not None:
+        probe = torch.empty(0, device=args.device, dtype=settings.dtype)
+        if (reason := IMPLEMENTATIONS[args.routing_implementation].unavailable(probe)) is not None:
+            parser.error(f"--routing-implementation {args.routing_implementation} cannot run here: {reason}")
     return settings, args.output
 
 
@@ -504,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(),
             "training_pairs": settings.training_pairs,
             "freed_memory_kept": kept,
+            "routing_implementation": settings.routing_implementation,
         },
     }
     measures = {"memory": measure_memory, "operations": measure_operations, "training": measure_training,

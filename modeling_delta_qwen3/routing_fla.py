@@ -1,6 +1,6 @@
 """The `"fla"` routing implementation: flash-linear-attention's `fused_attnres`, which computes `mix_p` (RMS-normalised
 sources scored against the query, softmax over sources, weighted sum) in fused kernels, forward and backward. It
-needs CUDA and the package (`pip install delta-qwen3[fla]`), and is used only when asked for by name."""
+needs CUDA and the package (`pip install 'flash-linear-attention>=0.6,<0.7'`), and runs only when asked for by name."""
 
 import torch
 
@@ -16,7 +16,7 @@ except ImportError:
 def fla_unavailable(x: torch.Tensor) -> str | None:
     """Why the kernel cannot route sources like `x`, or None when it can."""
     if fused_attnres is None:
-        return "flash-linear-attention is not installed (pip install delta-qwen3[fla])"
+        return "flash-linear-attention is not installed (pip install 'flash-linear-attention>=0.6,<0.7')"
     if not x.is_cuda:
         return f"its kernels run on CUDA only, and the model runs on {x.device.type}"
     return None

@@ -144,3 +144,27 @@ def test_dispatched_operations_counts_each_operation_below_autograd_views_includ
             assert counts["qwen3"] == 1.0 and counts["delta_block"] > 1.0  # routing adds operations
             assert isinstance(counts["qwen3_operations"], int) and counts["qwen3_operations"] > 0
         assert first[step][4]["qwen3_operations"] > first[step][2]["qwen3_operations"]  # more layers, more
+
+
+def test_routing_overhead_routes_with_the_implementation_asked_for(tmp_path):
+    output = tmp_path / "results.json"
+    command = [sys.executable, "benchmarks/routing_overhead.py", "--quick", "--figures", "memory",
+               "--variants", "delta", "--output", str(output)]  # fmt: skip
+    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+    memory = {}
+    for implementation in ("buffer", "reference"):
+        completed = subprocess.run([*command, "--routing-implementation", implementation], cwd=REPO_ROOT, env=env,
+                                   capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        results = json.loads(output.read_text())
+        assert results["settings"]["routing_implementation"] == implementation
+        memory[implementation] = results["memory"]["8"]["delta"]
+    assert memory["reference"] > 1.5 * memory["buffer"]  # the reference re-stacks every source at every point
+
+    completed = subprocess.run([*command, "--routing-implementation", "fla"], cwd=REPO_ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert completed.returncode == 2
+    assert completed.stderr.splitlines()[-1] == (
+        "routing_overhead.py: error: --routing-implementation fla cannot run here: flash-linear-attention is not "
+        "installed (pip install 'flash-linear-attention>=0.6,<0.7')"
+    )
