@@ -91,11 +91,9 @@ def open_documents(source: str, *, text_field: str = "text", split: str = "train
                    option: str = "--data") -> Documents:  # fmt: skip
     """The documents of `source` (see the module docstring). Bad or empty sources raise `CommandError` naming
     `option`."""
-    path = Path(source)
-    if path.exists():
+    path = _local_path(source, option)
+    if path is not None:
         return LocalDocuments(f"{option} {source}", _local_files(path, option), text_field)
-    if path.suffix in LOCAL_SUFFIXES or source.startswith((".", "/", "~")):
-        raise CommandError(f"{option} {source} does not exist")
     from datasets import load_dataset  # imported here: it is slow to import and only the Hub path needs it
 
     try:
@@ -121,8 +119,8 @@ def documents_content(source: str) -> str:
     """What `source` holds, in a line: for local data the number and bytes of its files and a hash of their contents
     (with their paths within a directory, which order its documents); for a Hub dataset its name. A copy elsewhere
     holds the same; a file changed in place does not."""
-    path = Path(source)
-    if not path.exists():
+    path = _local_path(source, "--data")
+    if path is None:
         return f"Hub dataset {source}"
     files = _local_files(path, "--data")
     digest = hashlib.blake2b(digest_size=8)
@@ -135,6 +133,16 @@ def documents_content(source: str) -> str:
         digest.update(b"\0")
     size = sum(file.stat().st_size for file in files)
     return f"{len(files)} file{'s' if len(files) > 1 else ''} of {size} bytes, blake2b {digest.hexdigest()}"
+
+
+def _local_path(source: str, option: str) -> Path | None:
+    """`source` as a local path, or None for a Hub dataset id; one that looks local but is missing is an error."""
+    path = Path(source)
+    if path.exists():
+        return path
+    if path.suffix in LOCAL_SUFFIXES or source.startswith((".", "/", "~")):
+        raise CommandError(f"{option} {source} does not exist")
+    return None
 
 
 def _local_files(path: Path, option: str) -> list[Path]:
