@@ -42,7 +42,13 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 from .routing_buffer import buffer_sources  # noqa: F401
 from .routing_compiled import CompiledSources  # noqa: F401
 from .routing_fla import FlaSources  # noqa: F401
+from .routing_fused import FusedSources  # noqa: F401
 from .routing_math import compute_dtype  # noqa: F401
+from .routing_op import route  # noqa: F401
+try:  # the routing operation's kernels, where Triton is installed
+    from .routing_triton import route_backward  # noqa: F401
+except ImportError:
+    pass
 from .routing_points import RoutingPoint
 from .routing_reference import depth_mix  # noqa: F401
 from .routing import DepthState, check_routing_implementation, plan_routing

@@ -30,6 +30,7 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 from .routing_buffer import buffer_sources
 from .routing_compiled import CompiledSources
 from .routing_fla import FlaSources, fla_unavailable
+from .routing_fused import FusedSources
 from .routing_points import PointTable, ResolvedPoint, RoutingPoint
 from .routing_reference import SourceList
 
@@ -74,6 +75,10 @@ IMPLEMENTATIONS = {
     ),
     "fla": Implementation(FlaSources, unavailable=fla_unavailable),
     "compiled": Implementation(CompiledSources),
+    "fused": Implementation(
+        FusedSources,
+        not_recomputable="it writes its sources in place, and a layer's recomputation would write them again",
+    ),
 }
 
 

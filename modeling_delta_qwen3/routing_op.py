@@ -1,0 +1,149 @@
+"""A routing point as one registered operation, `torch.ops.delta_qwen3.route`, with its backward pass
+`torch.ops.delta_qwen3.route_backward`: eager mode, `torch.compile` and CUDA graphs each see one operation per point.
+
+    route(sources, count, extra, w, gate, residual, eps) -> (out, weights)
+
+reads the first `count` sources of `sources` `[>= count, *tokens, D]` (a buffer read in place, by stride) and
+`extra`, a source that this point alone reads, and computes (`routing_math.py` has the formulas)
+
+    out     = residual + gate * sum_j alpha_j x_j,     alpha_j = softmax_j( r_j (x_j . w) )
+
+with the residual 0 and the gate 1 when None, in the compute dtype of `w`, returned in the sources' dtype, and the
+routing weights `[*tokens, n]` in the compute dtype. Gradients flow to `sources` when `count` is all of them.
+
+On CUDA, when Triton is installed, both operations are the kernels of `routing_triton.py`; everywhere else, the
+PyTorch code below, which is also what the kernels are tested against besides the reference.
+"""
+
+import torch
+
+from .routing_math import (
+    add_inverse_rms_gradient,
+    as_dtype,
+    inverse_rms,
+    logits,
+    mixture_backward,
+    routing_weights,
+    score_gradients,
+)
+
+try:
+    from . import routing_triton
+except ImportError:  # Triton is not installed
+    routing_triton = None
+
+
+def _read(sources: torch.Tensor, count: int, extra: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The sources a point reads, `[n, *tokens, D]` in `dtype`."""
+    x = as_dtype(sources[:count], dtype)
+    return x if extra is None else torch.cat([x, as_dtype(extra, dtype)[None]])
+
+
+def _scores(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse RMS `r_j` and logits `r_j (x_j . w)` of sources `x` `[n, *tokens, D]`, both `[n, *tokens]`."""
+    inv_rms = inverse_rms(x, x.new_full((), eps))
+    return inv_rms, logits(x, w, inv_rms)
+
+
+def _route(
+    sources: torch.Tensor,
+    count: int,
+    extra: torch.Tensor | None,
+    w: torch.Tensor,
+    gate: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = _read(sources, count, extra, w.dtype)
+    alpha = routing_weights(_scores(x, w, eps)[1], sources_dim=0)
+    out = torch.einsum("n...,n...d->...d", alpha, x)
+    if gate is not None:
+        out = out * as_dtype(gate, w.dtype).reshape(())
+    if residual is not None:
+        out = out + residual
+    return as_dtype(out, sources.dtype), alpha.movedim(0, -1).contiguous()
+
+
+def _route_backward(
+    grad_out: torch.Tensor,
+    sources: torch.Tensor,
+    count: int,
+    extra: torch.Tensor | None,
+    w: torch.Tensor,
+    gate: torch.Tensor | None,
+    weights: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of the sources read (`[count, *tokens, D]`), of `extra` (empty without it), of `w` and of the
+    gate (empty without it), from the gradient of `out` and the routing weights the forward pass returned."""
+    x = _read(sources, count, extra, w.dtype)
+    grad = as_dtype(grad_out, w.dtype)
+    inv_rms, point_logits = _scores(x, w, eps)
+    alpha = weights.movedim(-1, 0)
+    dots = torch.einsum("n...d,...d->n...", x, grad)
+    gate_value = None if gate is None else as_dtype(gate, w.dtype).reshape(())
+    logit_grads, coefficients, per_token = mixture_backward(alpha, dots, gate_value, sources_dim=0)
+    score_grads = score_gradients(logit_grads, inv_rms)
+    grad_x = torch.addcmul(score_grads[..., None] * w, coefficients[..., None], grad)
+    # dL/dr_j = dL/dl_j * l_j / r_j
+    add_inverse_rms_gradient(grad_x, x, inv_rms, logit_grads * point_logits / inv_rms)
+    grad_w = torch.einsum("n...,n...d->d", score_grads, x)
+    grad_gate = w.new_empty(0) if gate is None else per_token.sum().reshape(gate.shape).to(gate.dtype)
+    grad_sources = grad_x[:count].to(sources.dtype)
+    # A copy: the outputs of an operation may not alias each other.
+    grad_extra = w.new_empty(0) if extra is None else grad_x[count].to(extra.dtype, copy=True)
+    return grad_sources, grad_extra, grad_w, grad_gate
+
+
+def _route_fake(sources, count, extra, w, gate, residual, eps):
+    n = count + (extra is not None)
+    return sources.new_empty(sources.shape[1:]), w.new_empty(*sources.shape[1:-1], n)
+
+
+def _route_backward_fake(grad_out, sources, count, extra, w, gate, weights, eps):
+    grad_extra = w.new_empty(0) if extra is None else torch.empty_like(extra)
+    grad_gate = w.new_empty(0) if gate is None else torch.empty_like(gate)
+    return sources.new_empty(count, *sources.shape[1:]), grad_extra, torch.empty_like(w), grad_gate
+
+
+def _setup_context(ctx, inputs, output):
+    sources, count, extra, w, gate, residual, eps = inputs
+    ctx.save_for_backward(sources, extra, w, gate, output[1])
+    ctx.count, ctx.eps, ctx.has_residual = count, eps, residual is not None
+
+
+def _backward(ctx, grad_out, _grad_weights):
+    sources, extra, w, gate, weights = ctx.saved_tensors
+    if ctx.count != sources.shape[0]:
+        raise RuntimeError("delta_qwen3::route differentiates its sources only when it reads all of them")
+    grad_sources, grad_extra, grad_w, grad_gate = route_backward(
+        grad_out, sources, ctx.count, extra, w, gate, weights, ctx.eps
+    )
+    return (
+        grad_sources,
+        None,
+        None if extra is None else grad_extra,
+        grad_w,
+        None if gate is None else grad_gate,
+        grad_out if ctx.has_residual else None,
+        None,
+    )
+
+
+def _register() -> None:
+    route_op = torch.library.custom_op("delta_qwen3::route", _route, mutates_args=())
+    backward_op = torch.library.custom_op("delta_qwen3::route_backward", _route_backward, mutates_args=())
+    route_op.register_fake(_route_fake)
+    backward_op.register_fake(_route_backward_fake)
+    route_op.register_autograd(_backward, setup_context=_setup_context)
+    if routing_triton is not None:
+        route_op.register_kernel("cuda")(routing_triton.route)
+        backward_op.register_kernel("cuda")(routing_triton.route_backward)
+
+
+# Registered once per process: a checkpoint's remote code is another copy of this module, which finds the
+# operations already there.
+if not hasattr(torch.ops.delta_qwen3, "route"):
+    _register()
+route = torch.ops.delta_qwen3.route.default
+route_backward = torch.ops.delta_qwen3.route_backward.default
