@@ -1,12 +1,17 @@
 """Outputs are written to a temporary path next to their target and moved into place only when complete, so an
 interrupted command never leaves a half-written file or directory behind.
 
+Before the rename, what was written is flushed to the disk (`_flush_to_disk`), and the rename itself after it: a
+rename may otherwise reach the disk before the data it names, and a power loss then leaves a complete-looking target
+with empty or short files. A target that is a symbolic link is written where the link points, so the link stays.
+
 The temporary path is `.{target name}.partial-{process id}-{random}`. A process killed outright (SIGKILL, power
 loss) cannot remove its own; the next write of the same target removes those whose process is gone, so they do not
 pile up. Replacing a directory moves the earlier one aside as `.{target name}.old-{random}` until the new one is in
 place (see `replace_directory`).
 """
 
+import errno
 import logging
 import os
 import shutil
@@ -71,6 +76,31 @@ def remove_stale_leftovers(target: Path) -> None:
                            f"rename it to {target} to restore it, or remove it")
 
 
+def _flush_to_disk(path: Path) -> None:
+    """Make `path` durable: each file's data, and each directory's entries, of `path` and all below it."""
+    for directory, _, files in os.walk(path) if path.is_dir() else [(None, None, [path])]:
+        for name in files:
+            with open(Path(directory or "") / name, "rb") as file:
+                os.fsync(file.fileno())
+        if directory is not None:
+            _flush_directory(Path(directory))
+
+
+def _flush_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _written_path(target: Path) -> Path:
+    """Where writing `target` writes: the path a symbolic link points to (replacing the link would cut it off
+    from what it names), else `target`."""
+    target = Path(target)
+    return target.resolve() if target.is_symlink() else target
+
+
 def staging_path(target: Path) -> Path:
     """A new temporary path beside `target`, after removing stale ones (`remove_stale_leftovers`)."""
     target = Path(target)
@@ -83,25 +113,30 @@ def staging_path(target: Path) -> Path:
 def atomic_output(target: Path) -> Iterator[Path]:
     """Yield a temporary file path beside `target`; rename it onto `target` when the block succeeds, remove it if
     not."""
-    target = Path(target)
+    target = _written_path(target)
     temporary = staging_path(target)
     try:
         yield temporary
+        _flush_to_disk(temporary)
         os.replace(temporary, target)
+        _flush_directory(target.parent)
     finally:
         temporary.unlink(missing_ok=True)
 
 
 @contextmanager
-def staged_directory(target: Path) -> Iterator[Path]:
+def staged_directory(target: Path, *, replace: bool = True) -> Iterator[Path]:
     """Yield a new empty directory beside `target`; when the block succeeds it replaces `target`
-    (`replace_directory`). On any error or interrupt it is removed and `target` is left as it was."""
-    target = Path(target)
+    (`replace_directory`), or, unless `replace`, takes its place only if there is none or an empty directory (see
+    `move_into_place`). On any error or interrupt it is removed and `target` is left as it was."""
+    target = _written_path(target)
     staging = staging_path(target)
     staging.mkdir()
     try:
         yield staging
-        replace_directory(staging, target)
+        _flush_to_disk(staging)
+        replace_directory(staging, target) if replace else move_into_place(staging, target)
+        _flush_directory(target.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -126,4 +161,19 @@ def replace_directory(completed: Path, target: Path) -> None:
     except BaseException:
         retired.rename(target)
         raise
-    shutil.rmtree(retired)
+    _remove(retired)  # the new one is in place: failing to remove the old one only costs disk space
+
+
+def move_into_place(completed: Path, target: Path) -> None:
+    """Move the completed directory `completed` to `target` where nothing is in the way (no `target`, or an empty
+    directory); a `target` that another process wrote meanwhile is left as it is, and `FileExistsError` raised."""
+    taken = FileExistsError(errno.EEXIST, "it was written by another process meanwhile, and is left as it is",
+                            str(target))  # fmt: skip
+    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
+        raise taken
+    try:
+        completed.rename(target)  # atomic; refused by the system if `target` is a non-empty directory by now
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise taken from None
+        raise
