@@ -1,0 +1,161 @@
+"""The Triton kernels of `torch.ops.delta_qwen3.route` (`modeling_delta_qwen3/routing_triton.py`), run on CPU tensors
+by Triton's interpreter: against the operation's PyTorch code and against SPEC section 2's formula written out
+(`routing_reference.depth_mix`, through autograd), forward and backward, alone and through the model in every mode.
+`tests/routing/test_fused_kernel.py` runs this script in a fresh interpreter with `.venv-fla` (which holds Triton)
+on PYTHONPATH and asserts what it prints as one JSON line: relative errors (largest absolute difference over the
+largest absolute expected value), per comparison and dtype.
+
+Through the model in float32 only: in bfloat16 two implementations round differently at every layer, and their
+logits part by more than a kernel's mistake would move them. `--broken` swaps in a copy of the kernels with
+deliberate mistakes (the forward pass's weighted sum and the backward pass's output gradient scaled by 1.01), which the
+operation's comparisons must catch.
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import types  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the tests' `helpers` package
+
+from helpers.models import VARIANTS, random_model, token_ids  # noqa: E402
+
+from modeling_delta_qwen3 import routing_op, routing_triton  # noqa: E402
+from modeling_delta_qwen3.routing_reference import depth_mix  # noqa: E402
+
+EPS = 1e-6
+MISTAKES = [
+    ("mix * scale + p * x", "mix * scale + 1.01 * p * x"),
+    ("grad = tl.load(grad_out + row, mask=mask, other=0.0).to(acc)",
+     "grad = tl.load(grad_out + row, mask=mask, other=0.0).to(acc) * 1.01"),
+]
+
+
+def broken_kernels() -> types.ModuleType:
+    """`routing_triton` compiled from its source with `MISTAKES` made."""
+    source = Path(routing_triton.__file__).read_text()
+    for right, wrong in MISTAKES:
+        assert right in source, right
+        source = source.replace(right, wrong)
+    # Triton reads a kernel's source from the file its code names.
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+        file.write(source)
+    module = types.ModuleType("broken_routing_triton")
+    module.__file__ = file.name
+    exec(compile(source, file.name, "exec"), module.__dict__)
+    return module
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1e-30)).item()
+
+
+def op_case(kernels, dtype, count: int, extra: bool, gate: bool, residual: bool, shape=(3, 5), hidden=48) -> dict:
+    """One call of the kernels against the operation's PyTorch code and against the formula through autograd:
+    the routed output, the routing weights, and every input's gradient. The sources are the first `count` slots of
+    a larger buffer, read in place; 48 columns leave part of the padded row masked."""
+    generator = torch.Generator().manual_seed(count * 8 + extra * 4 + gate * 2 + residual)
+    acc = torch.promote_types(dtype, torch.float32)
+
+    def random(*size, dtype=dtype):
+        return torch.randn(*size, generator=generator, dtype=torch.float64).to(dtype)
+
+    buffer = random(count + 2, *shape, hidden)
+    inputs = {
+        "sources": buffer[:count].clone(), "extra": random(*shape, hidden) if extra else None,
+        "w": random(hidden, dtype=acc), "gate": torch.tensor(0.7, dtype=acc) if gate else None,
+        "residual": random(*shape, hidden) if residual else None,
+    }
+    grad_out = random(*shape, hidden)
+    out, weights = kernels.route(buffer, count, inputs["extra"], inputs["w"], inputs["gate"], inputs["residual"], EPS)
+    grads = kernels.route_backward(grad_out, buffer[:count], count, inputs["extra"], inputs["w"], inputs["gate"],
+                                   weights, EPS)
+    torch_out, torch_weights = routing_op._route(buffer, count, *(inputs[k] for k in ("extra", "w", "gate", "residual")), EPS)
+    torch_grads = routing_op._route_backward(grad_out, buffer[:count], count, inputs["extra"], inputs["w"],
+                                             inputs["gate"], torch_weights, EPS)
+    names = [name for name in ("sources", "extra", "w", "gate") if inputs[name] is not None]
+    kernel_grads = dict(zip(("sources", "extra", "w", "gate"), grads))
+    leaves = {name: inputs[name].clone().requires_grad_() for name in names}
+    if residual:
+        leaves["residual"] = inputs["residual"].clone().requires_grad_()
+    full = {**inputs, **leaves}
+    sources = list(full["sources"].unbind(0)) + ([full["extra"]] if extra else [])
+    formula_out, formula_weights = depth_mix(sources, full["w"], EPS, residual=full["residual"], gate=full["gate"])
+    formula_grads = dict(zip(leaves, torch.autograd.grad(formula_out, list(leaves.values()), grad_out)))
+    errors = {
+        "out_vs_torch": relative_error(out, torch_out),
+        "out_vs_formula": relative_error(out, formula_out),
+        "weights_vs_formula": relative_error(weights.reshape(-1, weights.shape[-1]), formula_weights),
+    }
+    for name in names:
+        if name == "w" and count + extra == 1:
+            continue  # one source: its weight is 1 whatever w, and w's gradient is zero
+        errors[f"grad_{name}_vs_formula"] = relative_error(kernel_grads[name], formula_grads[name])
+        errors[f"grad_{name}_vs_torch"] = relative_error(kernel_grads[name], dict(zip(
+            ("sources", "extra", "w", "gate"), torch_grads))[name])
+    return errors
+
+
+def op_errors(kernels) -> dict:
+    """The worst of each comparison over source counts, and with or without extra source, gate and residual."""
+    report = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        worst: dict[str, float] = {}
+        for count in (1, 2, 5, 11):
+            for extra, gate, residual in ((False, False, False), (True, False, False), (False, True, True),
+                                          (True, True, True)):
+                for name, error in op_case(kernels, dtype, count, extra, gate, residual).items():
+                    worst[name] = max(worst.get(name, 0.0), error)
+        report[str(dtype).removeprefix("torch.")] = worst
+    return report
+
+
+def model_errors(mode: str, gated: bool) -> dict:
+    """The model routed by `"fused"` (the kernels, registered as the operations' CPU code in this process) against
+    `"reference"`: logits, routing weights, and every parameter's gradient."""
+    model = random_model(mode, gated).train()
+    ids = token_ids()
+
+    def run(implementation: str) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        model.set_routing_implementation(implementation)
+        out = model(ids, labels=ids, output_routing_weights=True)
+        out.loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        return {"logits": out.logits.detach(), "weights": torch.cat([w.flatten() for w in out.routing_weights]),
+                **grads}
+
+    got, expected = run("fused"), run("reference")
+    assert got.keys() == expected.keys()
+    grads = [name for name in expected if name not in ("logits", "weights")]
+    return {
+        "logits": relative_error(got["logits"], expected["logits"]),
+        "weights": relative_error(got["weights"], expected["weights"]),
+        "gradients": max(relative_error(got[name], expected[name]) for name in grads),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broken", action="store_true")
+    kernels = broken_kernels() if parser.parse_args().broken else routing_triton
+    torch.library.register_kernel("delta_qwen3::route", "cpu", kernels.route)
+    torch.library.register_kernel("delta_qwen3::route_backward", "cpu", kernels.route_backward)
+    report = {"op": op_errors(kernels), "model": {}}
+    if kernels is routing_triton:
+        for mode, gated in VARIANTS:
+            report["model"][f"{mode}{'+gate' if gated else ''}"] = model_errors(mode, gated)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

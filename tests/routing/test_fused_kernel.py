@@ -1,0 +1,90 @@
+"""The `"fused"` routing implementation's registered operation, `torch.ops.delta_qwen3.route`: PyTorch's own checks
+of a custom operation (`torch.library.opcheck`: schema, fake tensors, autograd registration, `torch.compile`), and
+its Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`tests/routing/
+fused_kernel_on_cpu.py`, with `.venv-fla`, which holds the Triton that PyTorch 2.13's CUDA wheels pin) against the
+operation's PyTorch code, against the spec's formula, and through the model in every mode; a copy of the kernels
+with a deliberate mistake fails the same comparisons. Every other test of the model runs the operation's PyTorch
+code (`tests/routing/test_routing_implementations.py` compares it with the reference in every mode)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.paths import FLA_PATH, REPO_ROOT
+from helpers.running import isolated_env
+
+from modeling_delta_qwen3 import routing_op
+
+KERNEL_SCRIPT = Path(__file__).with_name("fused_kernel_on_cpu.py")
+# Relative errors (largest absolute difference over the largest absolute expected value). float32: measured up to
+# 3e-6. bfloat16: the kernels and the PyTorch code round the same float32 result to bfloat16 apart by at most one
+# unit in the last place, 2^-7 of the largest value; gradients of `w` and the gate, kept in float32, to 3e-6.
+OP_TOLERANCES = {"float32": 1e-5, "bfloat16": 1e-2}
+# The model through the kernels against the "reference" implementation, float32: measured up to 3e-6 in logits and
+# routing weights and 3e-5 in gradients (a gate's, whose gradient is a sum of many cancelling terms).
+MODEL_TOLERANCES = {"logits": 1e-5, "weights": 1e-5, "gradients": 1e-4}
+
+
+def sample_inputs(dtype: torch.dtype, extra: bool, gate: bool, residual: bool) -> tuple:
+    generator = torch.Generator().manual_seed(0)
+    acc = torch.promote_types(dtype, torch.float32)
+
+    def random(*size, dtype=dtype):
+        return torch.randn(*size, generator=generator, dtype=torch.float64).to(dtype).requires_grad_()
+
+    return (random(3, 2, 5, 16), 3, random(2, 5, 16) if extra else None, random(16, dtype=acc),
+            random((), dtype=acc) if gate else None, random(2, 5, 16) if residual else None, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("extra,gate,residual", [(False, False, False), (True, False, False), (False, True, True)])
+def test_operation_passes_opcheck(dtype, extra, gate, residual):
+    torch.library.opcheck(torch.ops.delta_qwen3.route.default, sample_inputs(dtype, extra, gate, residual))
+
+
+def test_operation_reads_a_prefix_of_a_buffer_in_place_without_autograd():
+    """A decoding step reads the first `count` slots of a buffer larger than that: the slots after them do not
+    count."""
+    sources, _, extra, w, gate, residual, eps = sample_inputs(torch.float32, True, True, True)
+    with torch.no_grad():
+        buffer = torch.cat([sources, torch.full_like(sources[:2], 1e3)])
+        got = routing_op.route(buffer, 3, extra, w, gate, residual, eps)
+        expected = routing_op.route(sources, 3, extra, w, gate, residual, eps)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def run_kernel_script(*args: str) -> dict:
+    if not (FLA_PATH / ".installed").exists():
+        pytest.skip("no .venv-fla: `make test` creates it")
+    env = isolated_env() | {"PYTHONPATH": f"{FLA_PATH}{os.pathsep}{REPO_ROOT}", "TRITON_INTERPRET": "1"}
+    completed = subprocess.run([sys.executable, str(KERNEL_SCRIPT), *args], cwd=REPO_ROOT, env=env,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def op_failures(report: dict) -> list[str]:
+    return [f"{dtype} {name}: {error:.2e}" for dtype, errors in report["op"].items()
+            for name, error in errors.items() if not error < OP_TOLERANCES[dtype]]
+
+
+@pytest.mark.slow
+def test_the_kernels_compute_the_operation_forward_and_backward_alone_and_through_the_model():
+    report = run_kernel_script()
+    assert set(report["op"]) == {"float32", "bfloat16"}
+    assert not op_failures(report)
+    assert len(report["model"]) == 6
+    for variant, errors in report["model"].items():
+        assert all(errors[name] < tolerance for name, tolerance in MODEL_TOLERANCES.items()), (variant, errors)
+
+
+@pytest.mark.slow
+def test_a_broken_kernel_fails_the_comparisons():
+    failures = op_failures(run_kernel_script("--broken"))
+    for comparison in ("out_vs_torch", "out_vs_formula", "grad_sources_vs_formula", "grad_w_vs_formula"):
+        assert f"float32 {comparison}" in " ".join(failures), failures
