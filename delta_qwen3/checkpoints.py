@@ -2,6 +2,8 @@
 is loaded, so that every command says the same thing about a path that does not exist or is not a checkpoint
 (rather than the Hub's text about repository ids, or a tokenizer's about sentencepiece)."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -60,3 +62,15 @@ def check_model_source(src: str | Path, option: str) -> None:
             read_safetensors_header(file)
         except CommandError as error:
             raise CommandError(f"{option} {src}: {error}") from None
+
+
+@contextmanager
+def loading(subject: str, advice: str = "") -> Iterator[None]:
+    """Loaders (Transformers, tokenizers, accelerate, torch) raise OSError, ValueError, KeyError, RuntimeError,
+    their own types... for a source they cannot use: one line naming `subject`, the error, and `advice`."""
+    try:
+        yield
+    except Exception as error:
+        reason = " ".join(str(error).split())
+        raise CommandError(f"could not load {subject}: {type(error).__name__}: {reason}"
+                           + (f"; {advice}" if advice else "")) from error  # fmt: skip

@@ -2,14 +2,11 @@
 receives the loaded model), so that a missing path, a broken checkpoint or a window beyond the model's positions is
 reported alike everywhere, before any work."""
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers import PreTrainedTokenizerBase
 
-from delta_qwen3.checkpoints import check_model_source
+from delta_qwen3.checkpoints import check_model_source, loading
 from delta_qwen3.errors import CommandError
 
 MODEL_OPTION = "MODEL"  # how the commands' usage names a model argument
@@ -32,20 +29,10 @@ def check_models(models: list[str]) -> None:
         check_model_source(model, MODEL_OPTION)
 
 
-@contextmanager
-def _loading(name: str) -> Iterator[None]:
-    """Transformers raises OSError, ValueError, KeyError... for unusable checkpoints: one line naming the model."""
-    try:
-        yield
-    except Exception as error:
-        reason = " ".join(str(error).split())
-        raise CommandError(f"could not load model {name!r}: {type(error).__name__}: {reason}") from error
-
-
 def load_config(name: str) -> PretrainedConfig:
     """The configuration of a model (Hub id or directory), read without its weights."""
     check_model_source(name, MODEL_OPTION)
-    with _loading(name):
+    with loading(f"model {name!r}"):
         return AutoConfig.from_pretrained(name, trust_remote_code=True)
 
 
@@ -66,7 +53,7 @@ def load_causal_lm(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A model (Hub id or directory, `trust_remote_code` on) in evaluation mode on `device`, and its tokenizer."""
     config = load_config(name)  # first: a foreign or broken configuration is the plainest reason a model won't load
-    with _loading(name):
+    with loading(f"model {name!r}"):
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=True)
         model = AutoModelForCausalLM.from_pretrained(
             name, config=config, trust_remote_code=True, dtype=dtype if dtype == "auto" else getattr(torch, dtype)

@@ -12,6 +12,7 @@ killed run never leaves half a checkpoint.
 import contextlib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from accelerate.utils import broadcast_object_list
 
 from conversion import hub
 from delta_qwen3.atomic import atomic_output, staged_directory, write_json
+from delta_qwen3.checkpoints import loading
 from delta_qwen3.errors import CommandError
 from delta_qwen3.output_paths import check_output_dir as check_output_path
 from modeling_delta_qwen3 import DeltaQwen3Config
@@ -29,6 +31,7 @@ from .config import FinetuneConfig
 from .model import gates_as_scalars, merge_lora
 
 CHECKPOINT_PREFIX = "step_"
+CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}(\d+)")
 LOG_NAME = "train_log.jsonl"
 RUN_CONFIG_NAME = "run_config.json"
 VALIDATION_NAME = "validation_documents.jsonl"
@@ -55,15 +58,37 @@ def run_config_path(output_dir: str | Path) -> Path:
     return Path(output_dir) / RUN_CONFIG_NAME
 
 
+def checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints in `output_dir` as (step, path), oldest first: the directories named `step_` and a
+    number only, so that neither an interrupted save's temporary directory nor anything else put there (a copy
+    named `step_00000002.bak`) is taken for one, or rotated away as one."""
+    found = []
+    for path in checkpoints_dir(output_dir).glob(f"{CHECKPOINT_PREFIX}*"):
+        match = CHECKPOINT_NAME.fullmatch(path.name)
+        if match and path.is_dir():
+            found.append((int(match[1]), path))
+    return sorted(found)
+
+
 def latest_checkpoint(output_dir: str | Path) -> tuple[Path, int] | None:
-    """The most recent complete checkpoint and its step (temporary directories of interrupted saves are ignored)."""
-    found = [
-        (int(p.name[len(CHECKPOINT_PREFIX) :]), p) for p in checkpoints_dir(output_dir).glob(f"{CHECKPOINT_PREFIX}*")
-    ]
+    """The most recent complete checkpoint and its step."""
+    found = checkpoints(output_dir)
     if not found:
         return None
-    step, path = max(found)
+    step, path = found[-1]
     return path, step
+
+
+def load_checkpoint(accelerator: Accelerator, output_dir: str | Path, path: Path, step: int) -> None:
+    """Load the training state of the checkpoint `path` (of `step`); one that cannot load is refused in one line
+    naming it and the checkpoint before it, which a damaged one leaves to resume from."""
+    earlier = [(number, older) for number, older in checkpoints(output_dir) if number < step]
+    advice = "it is damaged (truncated?), or the run started with another model: " + (
+        f"move it out of {checkpoints_dir(output_dir)} and --resume continues from the checkpoint of step "
+        f"{earlier[-1][0]} ({earlier[-1][1]})" if earlier else "--overwrite starts the run again"
+    )  # fmt: skip
+    with loading(f"the checkpoint to resume, {path}", advice):
+        accelerator.load_state(str(path))
 
 
 def resume_hint(output_dir: str | Path) -> str:
@@ -97,9 +122,13 @@ def saved_run_settings(output_dir: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        settings = json.loads(path.read_text())
     except ValueError as error:
         raise CommandError(f"{path} is not valid JSON ({error}); the run's settings cannot be compared") from None
+    if not isinstance(settings, dict):
+        raise CommandError(f"{path} holds a JSON {type(settings).__name__}, not the run's settings (an object); they "
+                           "cannot be compared")  # fmt: skip
+    return settings
 
 
 def prepare_output_dir(
@@ -141,15 +170,13 @@ def _logged_step(line: str) -> float:
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, keep: int) -> Path:
     """Save the training state after `step`, keeping the `keep` most recent (0: all). All processes call this and
     write into the main process's staging directory, which it renames into place once every process is done."""
-    root = checkpoints_dir(output_dir)
-    target = root / f"{CHECKPOINT_PREFIX}{step:08d}"
+    target = checkpoints_dir(output_dir) / f"{CHECKPOINT_PREFIX}{step:08d}"
     with staged_directory(target) if accelerator.is_main_process else contextlib.nullcontext() as staging:
         [staging] = broadcast_object_list([staging])
         accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        checkpoints = sorted(root.glob(f"{CHECKPOINT_PREFIX}*"))
-        for old in checkpoints[: -keep if keep else 0]:
+        for _, old in checkpoints(output_dir)[: -keep if keep else 0]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return target

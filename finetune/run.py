@@ -31,6 +31,7 @@ from .model import (
 from .optim import build_optimizer, build_schedule
 from .outputs import (
     check_output_dir,
+    load_checkpoint,
     prepare_output_dir,
     push_to_hub,
     resume_hint,
@@ -108,12 +109,12 @@ def run(config: FinetuneConfig) -> int:
     # Not prepared: accelerate would step a prepared schedule once per process; it is saved with the checkpoints.
     accelerator.register_for_checkpointing(scheduler)
 
-    prepare_output_dir(config, accelerator, settings, None if checkpoint is None else checkpoint[1])
     start_step = 0
-    if checkpoint is not None:
+    if checkpoint is not None:  # before anything is written: a checkpoint that cannot load leaves the run as it was
         path, start_step = checkpoint
-        accelerator.load_state(str(path))
+        load_checkpoint(accelerator, config.output_dir, path, start_step)
         accelerator.print(f"resuming from {path} (step {start_step})")
+    prepare_output_dir(config, accelerator, settings, None if checkpoint is None else checkpoint[1])
     if trackers:
         accelerator.init_trackers("finetune", config={k: v for k, v in config.to_dict().items() if v is not None})
 

@@ -4,6 +4,7 @@ and the run directory as it was."""
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -265,6 +266,53 @@ def test_resume_compares_what_the_data_and_the_tokenizer_hold_not_where_they_are
         f"resuming with changed options: --data {data} -> {data_copy}; --tokenizer {tokenizer_dir} -> {tokenizer_copy}"
         in capsys.readouterr().out
     )
+
+
+def test_a_checkpoint_that_cannot_load_leaves_the_run_as_it_was_and_names_the_one_before(
+    tmp_path, jsonl_corpus, delta_checkpoint, tokenizer, capsys
+):  # fmt: skip
+    out = tmp_path / "out"
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "4", "--save-every", "1")
+    assert finetune.main([*argv, "--stop-after-step", "3"]) == 0
+    checkpoints = out / "checkpoints"
+    # What a user may keep beside the checkpoints is neither a checkpoint nor rotated away.
+    shutil.copytree(checkpoints / "step_00000002", checkpoints / "step_00000002.bak")
+    (checkpoints / "step_notes.txt").write_text("notes")
+    model = checkpoints / "step_00000003" / "model.safetensors"
+    intact = model.read_bytes()
+    model.write_bytes(intact[: len(intact) // 2])
+    before = file_hashes(out)
+    capsys.readouterr()
+
+    message = failed([*argv, "--resume", "--max-steps", "5"], capsys)
+    assert message.startswith(f"finetune: error: could not load the checkpoint to resume, {checkpoints / 'step_00000003'}: ")
+    assert message.endswith(
+        f"; it is damaged (truncated?), or the run started with another model: move it out of {checkpoints} and "
+        f"--resume continues from the checkpoint of step 2 ({checkpoints / 'step_00000002'})"
+    )
+    assert file_hashes(out) == before  # run_config.json still says --max-steps 4; the log still has step 3
+
+    # A run whose settings are not recorded cannot be checked; another model is refused when its checkpoint loads.
+    model.write_bytes(intact)
+    settings = (out / "run_config.json").read_bytes()
+    (out / "run_config.json").unlink()
+    qwen3 = save_tiny_qwen3(tmp_path / "qwen3", tokenizer)
+    before = file_hashes(out)
+    capsys.readouterr()
+    assert "Error(s) in loading state_dict" in failed([*argv, "--model", str(qwen3), "--resume"], capsys)
+    assert file_hashes(out) == before
+    (out / "run_config.json").write_bytes(settings)
+    (out / "run_config.json").write_text("[]")
+    assert failed([*argv, "--resume"], capsys) == (
+        f"finetune: error: {out / 'run_config.json'} holds a JSON list, not the run's settings (an object); they "
+        "cannot be compared"
+    )
+    (out / "run_config.json").write_bytes(settings)
+
+    assert finetune.main([*argv, "--resume"]) == 0
+    assert f"resuming from {checkpoints / 'step_00000003'} (step 3)" in capsys.readouterr().out
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "step_00000002.bak", "step_00000003", "step_00000004", "step_notes.txt"]
 
 
 # --- bad input found before training -----------------------------------------------------------------------------
