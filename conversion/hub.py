@@ -7,6 +7,7 @@ from huggingface_hub import CommitOperationAdd, HfApi
 from huggingface_hub.utils import filter_repo_objects
 from transformers.dynamic_module_utils import get_relative_imports
 
+from delta_qwen3.checkpoints import loading
 from delta_qwen3.errors import CommandError
 from modeling_delta_qwen3 import DeltaQwen3Config
 
@@ -39,13 +40,16 @@ def check_delta_checkpoint(directory: Path) -> DeltaQwen3Config:
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise CommandError(f"DIR {directory} is not a checkpoint: it has no config.json")
-    model_type = json.loads(config_file.read_text()).get("model_type")
+    with loading(f"DIR {directory}"):  # a config.json edited by hand may be anything
+        fields = json.loads(config_file.read_text())
+    model_type = fields.get("model_type") if isinstance(fields, dict) else None
     if model_type != DeltaQwen3Config.model_type:
         hint = " (convert it first with `delta-qwen3 convert`)" if model_type == "qwen3" else ""
         raise CommandError(f"DIR {directory} has model_type {model_type!r}, not 'delta_qwen3'{hint}")
     if not any(directory.glob("*.safetensors")):
         raise CommandError(f"DIR {directory} has no safetensors weights")
-    config = DeltaQwen3Config.from_pretrained(directory)
+    with loading(f"DIR {directory}"):
+        config = DeltaQwen3Config.from_pretrained(directory)
     missing = missing_model_code(directory, config.auto_map) if config.auto_map else ["auto_map in config.json"]
     if missing:
         raise CommandError(f"DIR {directory} lacks the model code for trust_remote_code ({', '.join(missing)})")

@@ -35,8 +35,10 @@ def card_license(directory: Path) -> dict:
     """The license fields of the model card in `directory` (empty when it has none or they cannot be read), so a
     converted checkpoint keeps its source's license."""
     try:
-        metadata = metadata_load(directory / "README.md") or {}
+        metadata = metadata_load(directory / "README.md")
     except (OSError, ValueError):
+        return {}
+    if not isinstance(metadata, dict):  # no metadata, or YAML that is not a mapping
         return {}
     return {key: metadata[key] for key in LICENSE_KEYS if metadata.get(key)}
 

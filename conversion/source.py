@@ -96,8 +96,9 @@ def read_qwen3_config(path: Path) -> dict:
         raise CommandError(
             f"SRC {path} has model_type {model_type!r}; only Qwen3 (model_type 'qwen3') can be converted"
         )
-    if "quantization_config" in config:
-        method = config["quantization_config"].get("quant_method", "unknown")
+    quantization = config.get("quantization_config")
+    if quantization is not None:  # a null one, as some tools write, says the checkpoint is not quantised
+        method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"
         raise CommandError(f"SRC {path} is quantised ({method}); convert the unquantised checkpoint")
     return config
 
@@ -108,8 +109,11 @@ def shard_files(path: Path) -> tuple[list[str], bool]:
     if index_file.is_file():
         try:
             weight_map = json.loads(index_file.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError) as error:  # ValueError: not JSON, or not UTF-8
             raise CommandError(f"SRC {path}: {WEIGHTS_INDEX_NAME} is not a valid index ({error!r})")
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise CommandError(f"SRC {path}: {WEIGHTS_INDEX_NAME} is not a valid index (its weight_map is not an "
+                               "object of tensor names to file names)")  # fmt: skip
         files = list(dict.fromkeys(weight_map.values()))
         missing = [name for name in files if not (path / name).is_file()]
         if missing:

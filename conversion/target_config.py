@@ -28,16 +28,22 @@ def output_dtype(dtype: str | torch.dtype | None, source_dtype: str) -> torch.dt
     return getattr(torch, name)
 
 
-def default_num_blocks(num_hidden_layers: int) -> int:
-    """The block count when none is given: SPEC's default (4), or one block per layer in a model with fewer
-    layers, so that a shallow model converts with default options (in every mode: the config checks the count even
-    where it is unused)."""
-    return min(DeltaQwen3Config.routing_num_blocks, num_hidden_layers)
+def default_num_blocks(config_fields: dict) -> int:
+    """The block count when none is given for a model of `config_fields`: SPEC's default (4), or one block per
+    layer in a model with fewer layers, so that a shallow model converts, or trains from scratch, with default
+    options (in every mode: the config checks the count even where it is unused). A layer count that is not a
+    number is left for the config to refuse, naming the field."""
+    layers = config_fields.get("num_hidden_layers", DeltaQwen3Config.num_hidden_layers)
+    if not isinstance(layers, int):
+        return DeltaQwen3Config.routing_num_blocks
+    return min(DeltaQwen3Config.routing_num_blocks, layers)
 
 
 def delta_architecture(qwen3_config: dict) -> str:
     """The DeltaQwen3 class for a Qwen3 `config.json`'s `architectures` (a causal LM when it names none)."""
     architectures = qwen3_config.get("architectures") or ["Qwen3ForCausalLM"]
+    if not isinstance(architectures, list):
+        raise CommandError(f"cannot convert architectures {architectures!r}: config.json must name them in a list")
     if len(architectures) != 1 or architectures[0] not in DELTA_ARCHITECTURES:
         raise CommandError(
             f"cannot convert architectures {architectures}: a Qwen3 checkpoint of one of "
@@ -54,12 +60,12 @@ def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bo
     config's own message."""
     gate = mode in DELTA_MODES if gate is None else gate
     if num_blocks is None:
-        num_blocks = default_num_blocks(qwen3_config.get("num_hidden_layers", DeltaQwen3Config.num_hidden_layers))
+        num_blocks = default_num_blocks(qwen3_config)
     fields = {key: value for key, value in qwen3_config.items() if key not in _FILE_KEYS}
     try:
         config = DeltaQwen3Config(**fields, routing_mode=mode, routing_num_blocks=num_blocks, routing_gate=gate)
     except (ValueError, TypeError, StrictDataclassError) as error:
-        raise CommandError(f"cannot convert to DeltaQwen3: {error}")
+        raise CommandError(f"cannot convert to DeltaQwen3: {' '.join(str(error).split())}")  # one line
     config.architectures = [delta_architecture(qwen3_config)]
     config.dtype = dtype
     return config

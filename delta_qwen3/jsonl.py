@@ -27,11 +27,25 @@ def json_text(value, *, indent: int | None = None, ensure_ascii: bool = True) ->
     return json.dumps(finite_or_null(value), indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
 
 
+def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError, first_line: int = 1, offset: int = 0
+             ) -> CommandError:  # fmt: skip
+    """The error for `data` (read from `path` from line `first_line`, byte `offset`) that `error` found not to be
+    UTF-8: the file, and the line and byte where it goes wrong."""
+    line = first_line + data.count(b"\n", 0, error.start)
+    return CommandError(f"{path} line {line} is not UTF-8 text ({error.reason} at byte {offset + error.start})")
+
+
 def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """`(line number, object)` for each non-blank line; a line that is not a JSON object raises `CommandError`
-    naming the file and line."""
-    with Path(path).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    """`(line number, object)` for each non-blank line; a line that is not UTF-8, or not a JSON object, raises
+    `CommandError` naming the file and line. Read a line at a time: data files may be larger than memory."""
+    offset = 0
+    with Path(path).open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise not_utf8(path, raw, error, number, offset) from None
+            offset += len(raw)
             if not line.strip():
                 continue
             try:

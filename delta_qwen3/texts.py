@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .errors import CommandError
-from .jsonl import read_json_lines
+from .jsonl import not_utf8, read_json_lines
 
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 TOKENIZE_CHUNK = 64  # documents per tokenizer call: batching lets the fast tokenizer use its threads
@@ -174,8 +174,7 @@ def _read_utf8(file: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise CommandError(f"{file} line {line} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise not_utf8(file, data, error) from None
 
 
 def _parquet_texts(file: Path, text_field: str) -> Iterator[str | None]:

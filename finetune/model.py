@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
-from delta_qwen3.checkpoints import check_model_source, local_directory
+from delta_qwen3.checkpoints import check_model_source, loading, local_directory
 from delta_qwen3.errors import CommandError
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
@@ -47,12 +48,8 @@ def load_tokenizer(config: FinetuneConfig):
     else:
         option, source = "--model", config.model
         check_model_source(source, option)
-    try:
+    with loading(f"a tokenizer from {option} {source}"):
         return AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as error:
-        raise CommandError(
-            f"{option} {source}: cannot load a tokenizer from this directory or Hub id: {error}"
-        ) from error
 
 
 def build_model_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
@@ -70,12 +67,8 @@ def build_model_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
 
 def _checkpoint_config(config: FinetuneConfig) -> PretrainedConfig:
     check_model_source(config.model, "--model")
-    try:
+    with loading(f"--model {config.model}"):
         model_config = AutoConfig.from_pretrained(config.model)
-    except (OSError, ValueError) as error:
-        raise CommandError(
-            f"--model {config.model}: cannot load a model from this directory or Hub id: {error}"
-        ) from error
     if model_config.model_type not in MODEL_CLASSES:
         raise CommandError(
             f"--model {config.model} is a {model_config.model_type!r} model; expected a DeltaQwen3 or Qwen3 checkpoint"
@@ -99,9 +92,13 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
             fields = json.loads(Path(config.model_config).read_text())
         except (OSError, ValueError) as error:
             raise CommandError(f"--model-config {config.model_config}: {error}") from error
+        if not isinstance(fields, dict):
+            raise CommandError(f"--model-config {config.model_config} holds a JSON {type(fields).__name__}, not an "
+                               "object of configuration fields")  # fmt: skip
     vocab_size = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     fields = {"vocab_size": vocab_size, **fields}
-    if fields["vocab_size"] < len(tokenizer):
+    # A vocabulary size that is not a number is left for the configuration to refuse, naming the field.
+    if isinstance(fields["vocab_size"], int) and fields["vocab_size"] < len(tokenizer):
         raise CommandError(f"vocab_size {fields['vocab_size']} is smaller than the tokenizer's {len(tokenizer)} tokens")
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id)  # fmt: skip
@@ -112,8 +109,8 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
         if config.mode == "baseline":
             return Qwen3Config(**{**fields, **special})
         return DeltaQwen3Config(**{**fields, **special, **routing})
-    except (TypeError, ValueError) as error:
-        raise CommandError(f"invalid model configuration: {error}") from error
+    except (TypeError, ValueError, StrictDataclassError) as error:
+        raise CommandError(f"invalid model configuration: {' '.join(str(error).split())}") from error
 
 
 def recorded_model_config(model_config: PretrainedConfig) -> dict:
@@ -148,7 +145,8 @@ def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTr
     if config.from_scratch:
         model = model_class(model_config)
     else:
-        model = model_class.from_pretrained(config.model, config=model_config, dtype=torch.float32)
+        with loading(f"--model {config.model}"):
+            model = model_class.from_pretrained(config.model, config=model_config, dtype=torch.float32)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model, use_reentrant=False)
     if config.freeze_base:

@@ -70,6 +70,14 @@ def test_bad_files_are_named_with_the_line(tmp_path, name, content, message):
         open_documents(str(tmp_path / name))
 
 
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.json"])
+def test_json_lines_that_are_not_utf8_are_named_with_the_line_and_byte(tmp_path, name):
+    (tmp_path / name).write_bytes(b'{"text": "a"}\n{"text": "na\xefve"}\n')
+    with pytest.raises(CommandError) as raised:
+        open_documents(str(tmp_path / name))
+    assert str(raised.value) == f"{tmp_path / name} line 2 is not UTF-8 text (invalid continuation byte at byte 26)"
+
+
 def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path):
     with pytest.raises(CommandError, match=r"--data .*nowhere.jsonl does not exist$"):
         open_documents(str(tmp_path / "nowhere.jsonl"))

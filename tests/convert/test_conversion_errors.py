@@ -148,3 +148,36 @@ def test_architecture_without_a_deltaqwen3_class(capsys, src, tmp_path):
     edit_config(src, architectures=["Qwen3Model"])
     err = convert_fails(capsys, src, tmp_path / "out")
     assert "cannot convert architectures ['Qwen3Model']: a Qwen3 checkpoint of one of Qwen3ForCausalLM, " in err
+
+
+@pytest.mark.parametrize(
+    "file, edit, message",
+    [
+        ("config.json", {"quantization_config": "gptq"}, "is quantised (unknown); convert the unquantised checkpoint"),
+        ("config.json", {"num_hidden_layers": "4"}, "cannot convert to DeltaQwen3: Validation error for field "
+         "'num_hidden_layers': TypeError: Field 'num_hidden_layers' expected int, got str (value: '4')"),
+        ("config.json", {"num_hidden_layers": None}, "cannot convert to DeltaQwen3: Validation error for field "
+         "'num_hidden_layers': TypeError: Field 'num_hidden_layers' expected int, got NoneType (value: None)"),
+        ("config.json", {"architectures": {"0": "Qwen3ForCausalLM"}}, "cannot convert architectures "
+         "{'0': 'Qwen3ForCausalLM'}: config.json must name them in a list"),
+        ("model.safetensors.index.json", {"weight_map": None}, "model.safetensors.index.json is not a valid index (its "
+         "weight_map is not an object of tensor names to file names)"),
+        ("model.safetensors.index.json", {"weight_map": ["model.embed_tokens.weight"]}, "model.safetensors.index.json "
+         "is not a valid index (its weight_map is not an object of tensor names to file names)"),
+        ("model.safetensors.index.json", {"weight_map": {"model.embed_tokens.weight": 1}}, "model.safetensors.index."
+         "json is not a valid index (its weight_map is not an object of tensor names to file names)"),
+    ],
+)  # fmt: skip
+def test_hand_edited_sources_that_still_load_as_json_are_one_line(src, tmp_path, capsys, file, edit, message):
+    fields = json.loads((src / file).read_text())
+    (src / file).write_text(json.dumps(fields | edit))
+    err = convert_fails(capsys, src, tmp_path / "out")
+    assert len(err.splitlines()) == 1 and err.endswith(f"{message}\n")
+
+
+def test_null_where_an_object_may_stand_is_its_absence(src, tmp_path, capsys):
+    edit_config(src, quantization_config=None)
+    (src / "README.md").write_text("---\n- a list, not a mapping\n---\n# Tiny\n")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--num-blocks", "2"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text()).get("quantization_config") is None
+    assert "license:" not in (tmp_path / "out" / "README.md").read_text()

@@ -135,6 +135,27 @@ def test_push_refuses_what_would_not_load(qwen3_checkpoint, fake_hub, tmp_path, 
     assert fake_hub.calls == []
 
 
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (b'{"model_type": "delta_qwen3",', "JSONDecodeError: Expecting property name enclosed in double quotes: line 1 "
+         "column 30 (char 29)"),
+        (b'["delta_qwen3"]', None),
+        (b'{"model_type": "delta_qwen3", "hidden_size": "64"}', "StrictDataclassFieldValidationError: Validation error "
+         "for field 'hidden_size': TypeError: Field 'hidden_size' expected int, got str (value: '64')"),
+    ],
+)  # fmt: skip
+def test_push_names_a_hand_edited_config_in_one_line(qwen3_checkpoint, fake_hub, tmp_path, capsys, config, message):
+    converted = convert(qwen3_checkpoint, tmp_path / "c", num_blocks=2)
+    (converted / "config.json").write_bytes(config)
+    capsys.readouterr()
+    assert main(["push", str(converted), "me/x"]) == 2
+    expected = (f"could not load DIR {converted}: {message}" if message else
+                f"DIR {converted} has model_type None, not 'delta_qwen3'")  # fmt: skip
+    assert capsys.readouterr().err == f"delta-qwen3 push: error: {expected}\n"
+    assert fake_hub.calls == []
+
+
 def test_hub_errors_are_command_errors(monkeypatch, tmp_path, capsys):
     def snapshot_download(repo_id, **kwargs):
         raise LocalEntryNotFoundError(f"Cannot find {repo_id} in the local cache and outgoing traffic is disabled")

@@ -406,6 +406,16 @@ def test_data_file_lines_without_the_tasks_fields_are_named(data_dir, file, line
     assert message in stderr
 
 
+def test_data_file_that_is_not_utf8_is_named_with_its_line(data_dir):
+    path = data_dir / "boolq.jsonl"
+    first, *rest = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(first + b'{"question": "\xff"}\n' + b"".join(rest[1:]))
+    stderr = _eval_error(["eval", "any-model", "--tasks", "boolq", "--data-dir", str(data_dir)])
+    assert stderr.splitlines()[-1] == (
+        f"delta-qwen3 eval: error: {path} line 2 is not UTF-8 text (invalid start byte at byte {len(first) + 14})"
+    )
+
+
 def test_model_that_fails_to_load_is_an_error(data_dir, tmp_path):
     broken = tmp_path / "broken-model"
     broken.mkdir()

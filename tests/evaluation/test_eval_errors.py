@@ -266,3 +266,51 @@ def test_lm_eval_is_given_the_loaded_model_without_warnings(qwen3_checkpoint, ca
         lm = eval.runner.load_lm(str(qwen3_checkpoint), batch_size=1, device="cpu")
     assert [record.getMessage() for record in caplog.records if record.name.startswith("lm_eval")] == []
     assert lm.model.config.model_type == "qwen3" and not lm.model.training
+
+
+def test_finetune_names_a_model_that_fails_to_load_as_ppl_does(qwen3_checkpoint, texts_jsonl, tmp_path, capsys):
+    """A checkpoint that passes the checks before loading and fails in the loader: one line from both commands,
+    with the loader's reason, and nothing written."""
+    broken = {name: shutil.copytree(qwen3_checkpoint, tmp_path / name) for name in ("tokenizer", "config", "shape")}
+    (broken["tokenizer"] / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    for name, field, value in (("config", "hidden_size", "64"), ("shape", "intermediate_size", 96)):
+        config = json.loads((broken[name] / "config.json").read_text())
+        (broken[name] / "config.json").write_text(json.dumps({**config, field: value}))
+    reasons = {
+        "tokenizer": "KeyError: 'added_tokens'",
+        "config": "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError: Field "
+                  "'hidden_size' expected int, got str (value: '64')",
+        "shape": "RuntimeError: You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look "
+                 "at the above report!",
+    }  # fmt: skip
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    for name, model in broken.items():
+        loaded = "--model" if name == "shape" else "a tokenizer from --model"  # the tokenizer loads first
+        assert finetune.main(tiny_run_args(corpus, tmp_path / "out", "--model", str(model))) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"finetune: error: could not load {loaded} {model}: {reasons[name]}"
+        )
+        assert refused(["ppl", str(model), "--data", str(texts_jsonl)], "ppl") == (
+            f"delta-qwen3 ppl: error: could not load model '{model}': {reasons[name]}"
+        )
+    assert not (tmp_path / "out").exists()
+
+
+NOT_UTF8 = b'{"text": "def f(): pass"}\n{"text": "na\xefve"}\n'
+
+
+@pytest.mark.parametrize("command", ["ppl", "routing", "finetune"])
+def test_a_data_file_that_is_not_utf8_is_one_line_naming_it_and_its_line(command, routed_model, tmp_path, capsys,
+                                                                         nothing_computed):
+    data = tmp_path / "texts.jsonl"
+    data.write_bytes(NOT_UTF8)
+    message = f"{data} line 2 is not UTF-8 text (invalid continuation byte at byte 38)"
+    if command == "finetune":
+        assert finetune.main(tiny_run_args(data, tmp_path / "out", "--model", str(routed_model))) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"finetune: error: {message}"
+    else:
+        options = ["--out", str(tmp_path / "out")] if command == "routing" else []
+        assert refused([command, str(routed_model), "--data", str(data), *options], command) == (
+            f"delta-qwen3 {command}: error: {message}"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.jsonl"]

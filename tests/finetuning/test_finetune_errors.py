@@ -315,6 +315,26 @@ def test_a_checkpoint_that_cannot_load_leaves_the_run_as_it_was_and_names_the_on
         "step_00000002.bak", "step_00000003", "step_00000004", "step_notes.txt"]
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ("[1, 2]", "--model-config {path} holds a JSON list, not an object of configuration fields"),
+        ('{"num_hidden_layers": "2"}', "invalid model configuration: Validation error for field 'num_hidden_layers': "
+         "TypeError: Field 'num_hidden_layers' expected int, got str (value: '2')"),
+        ('{"vocab_size": "512"}', "invalid model configuration: Validation error for field 'vocab_size': TypeError: "
+         "Field 'vocab_size' expected int, got str (value: '512')"),
+    ],
+)  # fmt: skip
+def test_a_hand_edited_model_configuration_file_is_one_line(tmp_path, jsonl_corpus, tokenizer, capsys, fields,
+                                                            message):
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    (tmp_path / "shape.json").write_text(fields)
+    argv = tiny_run_args(jsonl_corpus, tmp_path / "out", "--from-scratch", "--mode", "delta", "--tokenizer",
+                         str(tmp_path / "tokenizer"), "--model-config", str(tmp_path / "shape.json"))  # fmt: skip
+    assert failed(argv, capsys) == f"finetune: error: {message.format(path=tmp_path / 'shape.json')}"
+    assert not (tmp_path / "out").exists()
+
+
 # --- bad input found before training -----------------------------------------------------------------------------
 
 TOO_SMALL = '{"text": "def f(): pass"}\n' * 10  # 100 tokens: not even the validation blocks
