@@ -64,7 +64,11 @@ class FinetuneConfig:
         "model",
         choices=MODES,
     )
-    num_blocks: int | None = option(None, "routing blocks of a block mode, with --from-scratch (default 4)", "model")
+    num_blocks: int | None = option(
+        None,
+        "routing blocks of a block mode, with --from-scratch (default 4, or the number of layers if the model has fewer)",
+        "model",
+    )
     gate: bool = option(False, "zero-initialised gate per routing point, with --from-scratch (delta modes)", "model")
     tokenizer: str | None = option(
         None, "tokenizer directory or Hub id (default: --model's; required with --from-scratch)", "model"

@@ -14,6 +14,7 @@ from huggingface_hub.errors import StrictDataclassError
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
+from conversion.target_config import default_num_blocks
 from delta_qwen3.checkpoints import check_model_source, loading, local_directory
 from delta_qwen3.errors import CommandError
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
@@ -102,9 +103,8 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
         raise CommandError(f"vocab_size {fields['vocab_size']} is smaller than the tokenizer's {len(tokenizer)} tokens")
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    routing = {} if config.mode == "baseline" else dict(routing_mode=config.mode, routing_gate=config.gate)
-    if config.num_blocks is not None:
-        routing["routing_num_blocks"] = config.num_blocks
+    num_blocks = default_num_blocks(fields) if config.num_blocks is None else config.num_blocks
+    routing = dict(routing_mode=config.mode, routing_gate=config.gate, routing_num_blocks=num_blocks)
     try:
         if config.mode == "baseline":
             return Qwen3Config(**{**fields, **special})

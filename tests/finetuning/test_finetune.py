@@ -15,6 +15,7 @@ from delta_qwen3.errors import CommandError
 from delta_qwen3.texts import document_token_ids
 from finetune.config import parse_args
 from finetune.evaluation import validation_nll
+from finetune.model import build_model_config
 from finetune.optim import lr_factor, parameter_groups
 from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
@@ -202,6 +203,18 @@ def test_from_scratch_needs_a_tokenizer_and_a_mode(tmp_path, corpus, capsys):
     assert "--from-scratch needs --tokenizer" in fails_before_training(argv, capsys, tmp_path / "out")
     argv = tiny_run_args(corpus, tmp_path / "out", "--from-scratch", "--preset", "tiny", "--tokenizer", "t")
     assert "--from-scratch needs --mode" in fails_before_training(argv, capsys, tmp_path / "out")
+
+
+@pytest.mark.parametrize("mode", ["delta", "attnres_full", "delta_block", "attnres_block"])
+def test_every_mode_builds_from_scratch_with_fewer_layers_than_the_default_block_count(tmp_path, tokenizer, mode):
+    (tmp_path / "shape.json").write_text(json.dumps({**preset_fields("tiny"), "num_hidden_layers": 2}))
+    config = parse_args(["--data", "d", "--output-dir", str(tmp_path / "out"), "--from-scratch", "--mode", mode,
+                         "--tokenizer", "t", "--model-config", str(tmp_path / "shape.json")])  # fmt: skip
+    model_config = build_model_config(config, tokenizer)
+    assert (model_config.routing_mode, model_config.num_hidden_layers, model_config.routing_num_blocks) == (mode, 2, 2)
+    config = parse_args(["--data", "d", "--output-dir", str(tmp_path / "out"), "--from-scratch", "--mode", mode,
+                         "--tokenizer", "t", "--preset", "tiny"])  # fmt: skip
+    assert build_model_config(config, tokenizer).routing_num_blocks == 4  # the documented default where it fits
 
 
 def test_an_earlier_run_is_neither_mixed_nor_silently_replaced(tmp_path, corpus, delta_checkpoint, capsys):

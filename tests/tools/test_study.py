@@ -11,8 +11,11 @@ from helpers.paths import REPO_ROOT
 from helpers.training import write_corpus
 
 from delta_qwen3.cli import main
+from finetune.config import parse_args
+from finetune.model import build_model_config
 from study.grid import Run, expand_grid
 from study.report import format_band_table, format_table, paired_comparisons, summarise
+from study.runs import StudySettings, finetune_command
 
 
 def test_the_grid_gives_block_counts_to_the_block_modes_only():
@@ -81,6 +84,18 @@ def test_the_sharpness_per_depth_band_is_summarised_over_seeds():
     row = format_band_table(summarise([result(0, 0.4)])).splitlines()[1]
     assert [cell.strip() for cell in row.split(" | ")[2:]] == [
         "0.500 / 0.250 / 0.100", "0.500 / 0.250 / 0.100", "0.400 / 0.500 / 0.300"]
+
+
+@pytest.mark.parametrize("mode", ["delta", "attnres_full"])
+def test_the_modes_without_blocks_train_shallower_than_the_default_block_count(tmp_path, tokenizer, mode):
+    """The command a study starts for a 2-layer run in a mode without blocks builds its model (the block count it
+    does not use fits the depth), where the study has no way to set that count."""
+    settings = StudySettings(tmp_path, ["python"], "tiny", ["--data", "d", "--tokenizer", "t"], None, 32, "cpu")
+    (tmp_path / "run").mkdir()
+    command = finetune_command(Run(mode, 2, 0), settings, tmp_path / "run")
+    assert command[:3] == ["python", "-m", "finetune"] and "--num-blocks" not in command
+    model_config = build_model_config(parse_args(command[3:]), tokenizer)
+    assert (model_config.routing_mode, model_config.num_hidden_layers, model_config.routing_num_blocks) == (mode, 2, 2)
 
 
 @pytest.mark.parametrize(
