@@ -16,7 +16,8 @@ OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.
 MODEL_TESTS := tests/model/test_config.py tests/model/test_dtypes_and_backends.py tests/model/test_generation.py \
 	tests/model/test_initialisation.py tests/model/test_integrations.py tests/model/test_outputs.py \
 	tests/routing/test_routing_gradients.py tests/routing/test_source_buffer.py tests/routing/test_spec_reference.py
-OLDEST_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py
+# Transformers' tensor parallelism too, at both ends of the supported range (its FSDP loading is newer than 5.5).
+OLDEST_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py tests/model/test_parallel_loading.py
 NEWEST_TORCH := .venv-torch-2.15
 NEWEST_TORCH_PACKAGES := torch==2.15.0
 # Of the compile tests, the training pass of every mode (forward and backward compiled): compiling cold is most of

@@ -177,16 +177,3 @@ def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) ->
 def merge_lora(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
     """The ordinary model: LoRA updates folded into the base weights (in place), or `model` itself without LoRA."""
     return model.merge_and_unload() if isinstance(model, PeftModel) else model
-
-
-def gates_as_vectors(model: PreTrainedModel) -> None:
-    """FSDP2 cannot shard 0-d parameters: give each routing gate the shape `[1]` for sharded training. The routing
-    broadcasts a gate alike in either shape; `gates_as_scalars` restores the checkpoint format's `[]` for saving."""
-    for module in model.modules():
-        if getattr(module, "gate", None) is not None and module.gate.dim() == 0:
-            module.gate = torch.nn.Parameter(module.gate.detach().reshape(1), requires_grad=module.gate.requires_grad)
-
-
-def gates_as_scalars(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`state_dict` with every routing gate in the checkpoint format's scalar shape (see `gates_as_vectors`)."""
-    return {name: t.reshape(()) if name.endswith("_route.gate") else t for name, t in state_dict.items()}

@@ -28,7 +28,7 @@ from delta_qwen3.output_paths import check_output_dir as check_output_path
 from modeling_delta_qwen3 import DeltaQwen3Config
 
 from .config import FinetuneConfig
-from .model import gates_as_scalars, merge_lora
+from .model import merge_lora
 
 CHECKPOINT_PREFIX = "step_"
 CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}(\d+)")
@@ -188,7 +188,7 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: str
     unwrapped = accelerator.unwrap_model(model)
     final = merge_lora(unwrapped)
     # LoRA runs are never sharded, so their merged weights are complete in every process.
-    state_dict = gates_as_scalars(final.state_dict() if final is not unwrapped else accelerator.get_state_dict(model))
+    state_dict = final.state_dict() if final is not unwrapped else accelerator.get_state_dict(model)
     target = model_dir(output_dir)
     if accelerator.is_main_process:
         final.config.dtype = dtype

@@ -14,6 +14,8 @@ from torch import nn
 from transformers import AutoModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import (
@@ -49,7 +51,7 @@ try:  # the routing operation's kernels, where Triton is installed
     from .routing_triton import route_backward  # noqa: F401
 except ImportError:
     pass
-from .routing_points import RoutingPoint
+from .routing_points import RoutingPoint, gate_in_format
 from .routing_reference import depth_mix  # noqa: F401
 from .routing import DepthState, check_routing_implementation, plan_routing
 
@@ -89,6 +91,33 @@ class DeltaQwen3CausalLMOutput(CausalLMOutputWithPast):
 
 
 assert CACHE_NAME in {f.name for f in fields(BaseModelOutputWithPast)}
+
+
+class _GateInFormat(ConversionOps):
+    """`from_pretrained`'s weight conversion of the routing gates to the checkpoint format's `[1]`, so that
+    checkpoints of the format's first version, whose gates are 0-d, load. Its own reverse: saving writes `[1]`."""
+
+    def convert(self, input_dict, source_patterns, target_patterns, **kwargs):
+        pieces = next(iter(input_dict.values()))
+        # Transformers reads a 0-d gate as the one element along the parameter's first dimension, which a process
+        # that shards the parameter (FSDP) may not hold: it then receives no piece, and holds an empty shard.
+        if not pieces:
+            gate = kwargs["model"].get_parameter(kwargs["full_layer_name"])
+            return {target_patterns[0]: torch.empty(0, dtype=gate.dtype)}
+        return {target_patterns[0]: torch.cat([piece.reshape(-1) for piece in pieces])}
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        return self
+
+
+# Registered by model type, which is how Transformers applies it to a model loaded as remote code too; replaced when
+# another copy of this file (a checkpoint's remote code beside the installed project) is imported.
+register_checkpoint_conversion_mapping(
+    DeltaQwen3Config.model_type,
+    [WeightConverter(source_patterns="_route.gate", target_patterns="_route.gate", operations=[_GateInFormat()])],
+    overwrite=True,
+)
 
 
 class DecoderLayerOutput(NamedTuple):
@@ -166,21 +195,6 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     # Hidden states and attention weights are collected by `DeltaQwen3Model.forward` itself: a decoder layer takes
     # and returns the depth state, not the hidden states that Transformers' output hooks expect.
     _can_record_outputs = {}
-
-    @classmethod
-    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
-        """Transformers' sharding while loading (`from_pretrained(..., distributed_config=...)`), refused with advice
-        for gated checkpoints under FSDP: FSDP2 rejects 0-d parameters, the gates are 0-d in the checkpoint format,
-        and Transformers' loading gives a model no way to reshape them before sharding."""
-        if mesh_manager is not None and model.config.routing_gate and distributed_config.dp_size > 1:
-            raise ValueError(
-                "a gated DeltaQwen3 checkpoint (routing_gate=True) cannot be sharded with FSDP while loading: FSDP2 "
-                "shards no 0-d parameters, and the routing gates are scalars in the checkpoint format. Load it "
-                "without distributed_config, give each routing gate the shape [1] (point.gate = "
-                "nn.Parameter(point.gate.detach().reshape(1))) before fully_shard, and reshape the gates to [] "
-                "before saving; `accelerate launch -m finetune` does this itself"
-            )
-        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
     def set_routing_implementation(self, routing_implementation: str | None) -> None:
         """Route with `routing_implementation` (see `DeltaQwen3Config`; None: the default for the situation)."""

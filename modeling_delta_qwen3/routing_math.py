@@ -105,7 +105,7 @@ def mixture_of(sources: list[torch.Tensor], alpha: torch.Tensor) -> torch.Tensor
 
 def gated_residual(mix: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None) -> torch.Tensor:
     """`residual + gamma * mix`, the residual 0 and `gamma` 1 when None: for an implementation whose kernel returns
-    the mixture alone. Shapes broadcast; `gate` is 0-dim."""
+    the mixture alone. Shapes broadcast; `gate` is 0-dim or `[1]`."""
     if gate is not None:
         mix = gate.to(mix.dtype) * mix
     return mix if residual is None else residual + mix

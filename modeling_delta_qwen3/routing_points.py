@@ -21,15 +21,28 @@ class ResolvedPoint(NamedTuple):
     gate: torch.Tensor | None
 
 
+def gate_in_format(gate: torch.Tensor) -> torch.Tensor:
+    """A routing gate shaped as the checkpoint format has it, `[1]`, read from a checkpoint of the format's first
+    version too, which held it 0-d."""
+    return gate.reshape(1) if gate.dim() == 0 else gate
+
+
 class RoutingPoint(nn.Module):
-    """A query `q_p`, an RMSNorm weight `g_p` and, when gated, a scalar gate `gamma_p` (all initialised so that
+    """A query `q_p`, an RMSNorm weight `g_p` and, when gated, a gate `gamma_p` shaped `[1]` (all initialised so that
     routing starts uniform and, gated, switched off)."""
 
     def __init__(self, hidden_size: int, eps: float, gated: bool):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(hidden_size))
         self.norm = Qwen3RMSNorm(hidden_size, eps=eps)
-        self.gate = nn.Parameter(torch.zeros(())) if gated else None
+        self.gate = nn.Parameter(torch.zeros(1)) if gated else None
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # `load_state_dict` of a checkpoint with 0-d gates (`from_pretrained` reshapes them with the model's weight
+        # conversion, which this hook never sees).
+        if (gate := state_dict.get(prefix + "gate")) is not None:
+            state_dict[prefix + "gate"] = gate_in_format(gate)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def parameters_now(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """`q_p`, `g_p` and `gamma_p` (None without a gate), read from the modules' parameter registries:
@@ -66,12 +79,12 @@ def stacked_queries(points: list[RoutingPoint], like: torch.Tensor) -> torch.Ten
 
 def stacked_gates(points: list[RoutingPoint], like: torch.Tensor) -> torch.Tensor | None:
     """`gamma_p` of every point in order, `[points]`; None when a point has no gate, or when the gates are not whole
-    ordinary 0-dim tensors on `like`'s device (see `stacked_queries`; FSDP trains them shaped `[1]`)."""
+    ordinary `[1]` tensors on `like`'s device (see `stacked_queries`)."""
     gates = [point.parameters_now()[2] for point in points]
     if any(gate is None for gate in gates):
         return None
     gates = _stacked_on(gates, like.device)
-    return gates if gates is not None and gates.shape == (len(points),) else None
+    return gates.view(len(points)) if gates is not None and gates.shape == (len(points), 1) else None
 
 
 class PointTable:

@@ -110,7 +110,7 @@ def test_checkpoint_format(converted, qwen3_checkpoint):
     for name, tensor in routing.items():
         assert tensor.dtype == torch.float32
         if name.endswith("gate"):
-            assert tensor.shape == () and tensor.item() == 0
+            assert tensor.shape == (1,) and tensor.item() == 0
         else:
             assert tensor.shape == (64,) and torch.all(tensor == (1 if name.endswith("norm.weight") else 0))
         # Next to its own layer's weights.

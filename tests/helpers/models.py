@@ -4,6 +4,7 @@ DeltaQwen3 models whose routing parameters are random and non-zero, so that rout
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
@@ -65,6 +66,18 @@ def save_random_delta(path: Path, mode: str, **overrides) -> DeltaQwen3ForCausal
     randomize_routing(model.eval())
     model.save_pretrained(path)
     return model
+
+
+def write_scalar_gates(path: Path) -> list[str]:
+    """Rewrite the checkpoint in `path` with every routing gate 0-d, as the checkpoint format's first version held
+    it (SPEC section 4); the names of the gates rewritten."""
+    rewritten = []
+    for file in path.glob("*.safetensors"):
+        tensors = load_file(file)
+        gates = [name for name in tensors if name.endswith("_route.gate")]
+        save_file(tensors | {name: tensors[name].reshape(()) for name in gates}, file, metadata={"format": "pt"})
+        rewritten += gates
+    return rewritten
 
 
 def save_routed_model(path: Path, tokenizer, seed: int, **routing) -> Path:

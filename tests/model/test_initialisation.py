@@ -26,7 +26,7 @@ def test_parameter_names_shapes_and_init(mode):
         expected |= {"model.final_route.query", "model.final_route.norm.weight"}
     assert set(routing) == expected
     for name, value in routing.items():
-        shape, fill = {"query": ((64,), 0.0), "weight": ((64,), 1.0), "gate": ((), 0.0)}[name.rsplit(".", 1)[1]]
+        shape, fill = {"query": ((64,), 0.0), "weight": ((64,), 1.0), "gate": ((1,), 0.0)}[name.rsplit(".", 1)[1]]
         assert value.shape == shape
         assert torch.equal(value, torch.full(shape, fill))
     qwen3_names = set(Qwen3ForCausalLM(tiny_qwen3_config(**SHAPE)).state_dict())

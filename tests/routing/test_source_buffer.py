@@ -61,19 +61,18 @@ def test_routing_gradients_match_finite_differences(gated, upfront):
         sources.append(second * third)
         return sources.route(table.resolve(3), residual=second)[0]
 
-    inputs = [rand(2, 3, 8) for _ in range(5)] + [rand(8) for _ in range(8)] + [rand(()) if gated else None]
+    inputs = [rand(2, 3, 8) for _ in range(5)] + [rand(8) for _ in range(8)] + [rand(1) if gated else None]
     assert torch.autograd.gradcheck(routed, inputs)
 
 
 def test_parameters_are_stacked_up_front_only_from_whole_local_tensors():
-    """Up front, the points' `q * g` and gates in order, with or without autograd; None for a parameter that is
-    offloaded (meta) or partitioned (empty, or a gate shaped `[1]` as FSDP trains it), whose values are known only
-    when its point runs."""
+    """Up front, the points' `q * g` and gates (each `[1]`) in order, with or without autograd; None for a parameter
+    that is offloaded (meta) or partitioned (empty), whose values are known only when its point runs."""
     like = torch.zeros(2, 3, 4)
-    q, g, gates = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2)
+    q, g, gates = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 1)
     points = [point(q[0], g[0], gates[0]), point(q[1], g[1], gates[1])]
     torch.testing.assert_close(stacked_queries(points, like), q * g, atol=0, rtol=0)
-    torch.testing.assert_close(stacked_gates(points, like), gates, atol=0, rtol=0)
+    torch.testing.assert_close(stacked_gates(points, like), gates.view(2), atol=0, rtol=0)
     with torch.no_grad():
         torch.testing.assert_close(stacked_queries(points, like), q * g, atol=0, rtol=0)
     for odd in (torch.empty(4, device="meta"), torch.empty(0)):
@@ -81,13 +80,14 @@ def test_parameters_are_stacked_up_front_only_from_whole_local_tensors():
     assert stacked_queries([point(torch.empty(4, device="meta"), torch.empty(4, device="meta"))], like) is None
     assert stacked_queries([point(torch.empty(0), torch.empty(0))], like) is None
     assert stacked_gates([*points, point(q[0], g[0])], like) is None
-    assert stacked_gates([point(q[0], g[0], torch.ones(1)), point(q[1], g[1], torch.ones(1))], like) is None
+    assert stacked_gates([point(q[0], g[0], torch.empty(0)), point(q[1], g[1], torch.empty(0))], like) is None
 
 
 def test_points_resolve_to_the_same_tensors_stacked_or_not():
-    """A point resolves to its `q * g` and gate whether the table stacked them or reads them when it runs."""
+    """A point resolves to its `q * g` and gate whether the table stacked them or reads them when it runs (a row of
+    the stacked gates, or the `[1]` parameter: the same value either way)."""
     like = torch.zeros(2, 3, 4)
-    q, g, gates = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2)
+    q, g, gates = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 1)
     points = [point(q[0], g[0], gates[0]), point(q[1], g[1], gates[1])]
     stacked, unstacked = buffer_over(points, like, 2, upfront=True)[1], buffer_over(points, like, 2, upfront=False)[1]
     assert stacked.queries is not None and unstacked.queries is None and unstacked.gates is None
@@ -96,7 +96,7 @@ def test_points_resolve_to_the_same_tensors_stacked_or_not():
             resolved = table.resolve(index)
             assert resolved.index == index
             torch.testing.assert_close(resolved.w, q[index] * g[index], atol=0, rtol=0)
-            torch.testing.assert_close(resolved.gate, gates[index], atol=0, rtol=0)
+            torch.testing.assert_close(resolved.gate.reshape(1), gates[index], atol=0, rtol=0)
 
 
 def test_a_routing_point_reads_its_parameters_or_the_tensors_a_wrapper_swapped_in():
@@ -123,7 +123,7 @@ def test_one_token_routing_moved_between_points_routes_as_unmoved(upfront):
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
     sources = rand(4, 1, 1, 8)
-    points = [point(rand(8), rand(8).abs() + 0.5, rand(())) for _ in range(3)]
+    points = [point(rand(8), rand(8).abs() + 0.5, rand(1)) for _ in range(3)]
 
     def route(move: bool, batch: int = 1) -> list[torch.Tensor]:
         x = sources.expand(-1, batch, -1, -1)
