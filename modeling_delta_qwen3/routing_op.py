@@ -108,11 +108,14 @@ def _route_backward_fake(grad_out, sources, count, extra, w, gate, weights, eps)
 
 def _setup_context(ctx, inputs, output):
     sources, count, extra, w, gate, residual, eps = inputs
+    ctx.set_materialize_grads(False)  # the routing weights never have a gradient: no zeros made for them
     ctx.save_for_backward(sources, extra, w, gate, output[1])
     ctx.count, ctx.eps, ctx.has_residual = count, eps, residual is not None
 
 
 def _backward(ctx, grad_out, _grad_weights):
+    if grad_out is None:  # the routed output did not reach the loss
+        return (None,) * 7
     sources, extra, w, gate, weights = ctx.saved_tensors
     if ctx.count != sources.shape[0]:
         raise RuntimeError("delta_qwen3::route differentiates its sources only when it reads all of them")
