@@ -14,8 +14,9 @@ OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.
 # The model's own tests (its maths and routing against the spec, outputs, decoding, configuration), which the oldest
 # and the newest PyTorch run too, with the remote-code tests.
 MODEL_TESTS := tests/model/test_config.py tests/model/test_dtypes_and_backends.py tests/model/test_generation.py \
-	tests/model/test_initialisation.py tests/model/test_integrations.py tests/model/test_outputs.py \
-	tests/routing/test_routing_gradients.py tests/routing/test_source_buffer.py tests/routing/test_spec_reference.py
+	tests/model/test_checkpoint_format.py tests/model/test_initialisation.py tests/model/test_integrations.py \
+	tests/model/test_outputs.py tests/routing/test_routing_gradients.py tests/routing/test_source_buffer.py \
+	tests/routing/test_spec_reference.py
 # Transformers' tensor parallelism too, at both ends of the supported range (its FSDP loading is newer than 5.5).
 OLDEST_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py tests/model/test_parallel_loading.py
 NEWEST_TORCH := .venv-torch-2.15

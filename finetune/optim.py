@@ -15,6 +15,8 @@ import torch
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 
+from modeling_delta_qwen3.routing_points import gate_in_format
+
 from .config import FinetuneConfig
 from .model import is_routing_parameter
 
@@ -39,7 +41,18 @@ def parameter_groups(model: torch.nn.Module, lr: float, lr_routing: float, weigh
 
 def build_optimizer(model: torch.nn.Module, config: FinetuneConfig) -> AdamW:
     groups = parameter_groups(model, config.lr, config.routing_lr, config.weight_decay)
-    return AdamW(groups, betas=BETAS, eps=1e-8)
+    optimizer = AdamW(groups, betas=BETAS, eps=1e-8)
+    optimizer.register_load_state_dict_post_hook(_gate_moments_in_format)
+    return optimizer
+
+
+def _gate_moments_in_format(optimizer: AdamW) -> None:
+    """Runs saved before the routing gates became `[1]` (SPEC section 4) hold the gates' moments 0-d, which AdamW
+    cannot step with a `[1]` gradient: shaped as the gates now are, so that such a run resumes."""
+    for state in optimizer.state.values():
+        for moment in ("exp_avg", "exp_avg_sq"):
+            if moment in state:
+                state[moment] = gate_in_format(state[moment])
 
 
 def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:

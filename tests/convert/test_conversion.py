@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from helpers.files import tree_digest
-from helpers.models import save_tiny_qwen3
+from helpers.models import gate_shapes, save_tiny_qwen3, write_scalar_gates
 from helpers.paths import MODEL_CODE_FILES, REPO_ROOT
 from helpers.running import last_json_line, run_without_project
 from safetensors import safe_open
@@ -158,6 +158,14 @@ def test_single_file_checkpoint_stays_single_file(tmp_path, tokenizer):
     out = convert(src, tmp_path / "out", mode="delta")
     assert sorted(p.name for p in out.glob("*.safetensors*")) == ["model.safetensors"]
     assert verify(src, out) == 0.0
+
+
+def test_verify_loads_a_conversion_with_0d_gates(qwen3_checkpoint, tmp_path):
+    """A conversion written before the gates became `[1]` (SPEC section 4) still verifies as exact."""
+    out = convert(qwen3_checkpoint, tmp_path / "out", mode="delta_block", num_blocks=2)
+    write_scalar_gates(out)
+    assert gate_shapes(out) == {()}
+    assert verify(qwen3_checkpoint, out) == 0.0
 
 
 def test_dtype_option_casts_everything(qwen3_checkpoint, tmp_path):

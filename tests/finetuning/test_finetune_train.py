@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers.running import run_without_project
-from helpers.training import log_lines, run_env, save_tiny_delta, tiny_run_args, weights
+from helpers.training import log_lines, run_env, save_tiny_delta, tiny_run_args, weights, write_0d_gate_run_checkpoint
 from huggingface_hub import HfApi
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
@@ -64,15 +64,23 @@ def test_python_m_finetune_learns_moves_routing_and_reloads(tmp_path, jsonl_corp
     assert reevaluate(out / "model", argv) == pytest.approx(validations[-1]["val_loss"], rel=1e-6)
 
 
-def test_resume_after_interruption_ends_with_the_same_parameters(tmp_path, jsonl_corpus, delta_checkpoint):
+@pytest.mark.parametrize("saved_with_0d_gates", [False, True], ids=["ungated", "gated-run-saved-with-0d-gates"])
+def test_resume_after_interruption_ends_with_the_same_parameters(
+    tmp_path, jsonl_corpus, delta_checkpoint, tokenizer, saved_with_0d_gates
+):
+    """Also a gated run whose checkpoint is as runs saved it before the gates became `[1]`: it resumes, and saves
+    `[1]` gates (as the uninterrupted run's)."""
+    model = save_tiny_delta(tmp_path / "gated", tokenizer, routing_gate=True) if saved_with_0d_gates else delta_checkpoint
     common = ("--max-steps", "6", "--save-every", "3", "--grad-accum", "2", "--eval-every", "100")
-    assert finetune.main(tiny_run_args(jsonl_corpus, tmp_path / "straight", "--model", str(delta_checkpoint), *common)) == 0
+    assert finetune.main(tiny_run_args(jsonl_corpus, tmp_path / "straight", "--model", str(model), *common)) == 0
 
     interrupted = tmp_path / "interrupted"
-    argv = tiny_run_args(jsonl_corpus, interrupted, "--model", str(delta_checkpoint), *common)
+    argv = tiny_run_args(jsonl_corpus, interrupted, "--model", str(model), *common)
     assert finetune.main([*argv, "--stop-after-step", "4"]) == 0
     assert not (interrupted / "model").exists()
     assert sorted(p.name for p in (interrupted / "checkpoints").iterdir()) == ["step_00000003"]
+    if saved_with_0d_gates:
+        write_0d_gate_run_checkpoint(interrupted / "checkpoints" / "step_00000003")
     assert finetune.main([*argv, "--resume"]) == 0
 
     straight, resumed = weights(tmp_path / "straight" / "model"), weights(interrupted / "model")

@@ -68,16 +68,25 @@ def save_random_delta(path: Path, mode: str, **overrides) -> DeltaQwen3ForCausal
     return model
 
 
+def with_scalar_gates(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state_dict` with every routing gate 0-d, as the checkpoint format's first version held it (SPEC section 4)."""
+    return {name: t.reshape(()) if name.endswith("_route.gate") else t for name, t in state_dict.items()}
+
+
 def write_scalar_gates(path: Path) -> list[str]:
-    """Rewrite the checkpoint in `path` with every routing gate 0-d, as the checkpoint format's first version held
-    it (SPEC section 4); the names of the gates rewritten."""
+    """Rewrite the checkpoint in `path` with its routing gates 0-d (`with_scalar_gates`); the names of the gates."""
     rewritten = []
     for file in path.glob("*.safetensors"):
         tensors = load_file(file)
-        gates = [name for name in tensors if name.endswith("_route.gate")]
-        save_file(tensors | {name: tensors[name].reshape(()) for name in gates}, file, metadata={"format": "pt"})
-        rewritten += gates
+        save_file(with_scalar_gates(tensors), file, metadata={"format": "pt"})
+        rewritten += [name for name in tensors if name.endswith("_route.gate")]
     return rewritten
+
+
+def gate_shapes(path: Path) -> set[tuple[int, ...]]:
+    """The shapes of the routing gates in the checkpoint in `path`."""
+    tensors = {name: t for file in path.glob("*.safetensors") for name, t in load_file(file).items()}
+    return {tuple(t.shape) for name, t in tensors.items() if name.endswith("_route.gate")}
 
 
 def save_routed_model(path: Path, tokenizer, seed: int, **routing) -> Path:

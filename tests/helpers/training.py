@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from delta_qwen3.corpus import python_docs_texts
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
-from .models import tiny_qwen3_config
+from .models import tiny_qwen3_config, write_scalar_gates
 from .paths import REPO_ROOT
 
 # Small enough that a training step takes milliseconds on one CPU core.
@@ -53,6 +53,17 @@ def tiny_run_args(data: Path, output_dir: Path, *extra: str) -> list[str]:
         "--seq-len", "32", "--batch-size", "4", "--val-blocks", "8", "--warmup-steps", "2", "--lr", "3e-3",
         "--log-every", "1", *extra,
     ]  # fmt: skip
+
+
+def write_0d_gate_run_checkpoint(checkpoint: Path) -> None:
+    """Rewrite a run's checkpoint as runs saved it before the routing gates became `[1]` (SPEC section 4): the
+    gates 0-d, and so their moments in the optimizer's state (the tiny model's only one-element parameters)."""
+    assert write_scalar_gates(checkpoint)
+    optimizer = torch.load(checkpoint / "optimizer.bin", weights_only=False)
+    for state in optimizer["state"].values():
+        for moment in ("exp_avg", "exp_avg_sq"):
+            state[moment] = state[moment].reshape(()) if state[moment].shape == (1,) else state[moment]
+    torch.save(optimizer, checkpoint / "optimizer.bin")
 
 
 def weights(model_dir: Path) -> dict[str, torch.Tensor]:

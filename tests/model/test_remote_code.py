@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers.models import save_random_delta
+from helpers.models import gate_shapes, save_random_delta, write_scalar_gates
 from helpers.paths import MODEL_CODE_FILES
 from helpers.running import last_json_line, run_without_project
 from packaging.version import Version
@@ -75,6 +75,24 @@ def test_resaving_a_remote_code_model_keeps_it_loadable(tmp_path):
     with torch.no_grad():
         expected = model(torch.tensor(PROMPT)).logits
     torch.testing.assert_close(torch.tensor(report["logits"]), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_checkpoint_with_0d_gates_loads_through_remote_code_and_is_saved_with_1_element_gates(tmp_path):
+    """A checkpoint of the format's first version (SPEC section 4: its gates 0-d) computes what the model that wrote
+    it computes, loaded through its remote code alone; saved again, its gates are `[1]`."""
+    model = save_random_delta(tmp_path / "first", "delta_block")
+    write_scalar_gates(tmp_path / "first")
+    assert gate_shapes(tmp_path / "first") == {()}
+    resave = f'model.save_pretrained("{tmp_path / "second"}")'
+    code = LOAD_AND_REPORT.format(path=tmp_path / "first", prompt=PROMPT, extra=resave)
+    report = last_json_line(run_without_project(code, cwd=tmp_path).stdout)
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(report["logits"]), model(ids).logits, atol=1e-5, rtol=0)
+    assert report["tokens"] == model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=2,
+                                              eos_token_id=None).tolist()
+    assert gate_shapes(tmp_path / "second") == {(1,)}
 
 
 # From 5.25 on, `from_pretrained` swaps layers for the `kernels` package's by default (`use_kernels`); Transformers
