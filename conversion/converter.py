@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from delta_qwen3.atomic import staged_directory
+from delta_qwen3.output_paths import reporting_write_failure
 
 from .model_card import card_license, conversion_description, write_model_card
 from .output_dir import check_not_nested, check_target
@@ -46,6 +47,8 @@ def convert(
 
     Raises:
         CommandError: Bad input, before anything is written.
+        RunError: The output could not be written (a full disk, no permission, an OUT that another process wrote
+            meanwhile); nothing of it is left.
     """
     out = Path(out).expanduser().absolute()
     if Path(src).expanduser().is_dir():
@@ -59,7 +62,11 @@ def convert(
     additions = plan_routing_tensors(source, config, target_dtype)
     source_name = source.repo_id or source.path.name
     check_target(out, overwrite)  # again: OUT may have appeared during the download
-    with staged_directory(out) as staging:
+    # Without --overwrite, an OUT that another process writes while this one converts is left to it.
+    with (
+        reporting_write_failure("OUT", out, "nothing of this conversion was kept"),
+        staged_directory(out, replace=overwrite) as staging,
+    ):
         write_weights(source, additions, staging, None if dtype is None else target_dtype)
         write_config_and_code(config, staging)
         copy_carried_files(source.path, staging)

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from glob import escape
 from pathlib import Path
@@ -146,6 +146,14 @@ def write_json(target: Path, value) -> None:
     """Write `value` as indented JSON (`json_text`), atomically."""
     with atomic_output(target) as temporary:
         temporary.write_text(json_text(value, indent=2) + "\n")
+
+
+def write_json_lines(target: Path, documents: Iterable[dict]) -> Path:
+    """Write `documents` as JSON lines, one `json_text` line each, atomically; returns `target`."""
+    with atomic_output(target) as temporary, temporary.open("w", encoding="utf-8") as handle:
+        for document in documents:
+            handle.write(json_text(document) + "\n")
+    return target
 
 
 def replace_directory(completed: Path, target: Path) -> None:

@@ -3,7 +3,7 @@ files of this project are written."""
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import CommandError
@@ -55,12 +55,3 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
             if not isinstance(document, dict):
                 raise CommandError(f"{path} line {number} is not a JSON object")
             yield number, document
-
-
-def write_json_lines(path: Path, documents: Iterable[dict]) -> Path:
-    """Write `documents` to `path`, one `json_text` line each; returns `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with Path(path).open("w", encoding="utf-8") as handle:
-        for document in documents:
-            handle.write(json_text(document) + "\n")
-    return path

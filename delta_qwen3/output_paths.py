@@ -1,6 +1,7 @@
 """Output paths checked before any work, and write failures at the end reported in one line: a long evaluation or
 conversion must not end in a traceback that loses its results because of where they were to be written."""
 
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,13 +44,32 @@ def check_output_dir(path: Path, option: str, *, overwrite: bool, files: Iterabl
         )
 
 
+# Writers in Rust (safetensors, tokenizers) raise errors of their own types for a failed write; the system's error
+# is in their message, as Rust's `std::io::Error` shows it.
+RUST_IO_ERROR = re.compile(r"\(os error \d+\)")
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether `error`, raised while writing, is the system refusing the write (a full disk, no permission), from
+    Python or from a writer in Rust."""
+    return isinstance(error, OSError) or (isinstance(error, Exception) and bool(RUST_IO_ERROR.search(str(error))))
+
+
+def write_failure(option: str, path: Path, error: Exception, outcome: str) -> RunError:
+    """The one line for a failure to write `path` (disk full, permissions, the path taken meanwhile): its cause,
+    and `outcome`, what became of the command's work; exit status 1 (the input was not at fault)."""
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else " ".join(str(error).split())
+    return RunError(f"could not write {option} {path}: {reason} ({outcome})")
+
+
 @contextmanager
-def reporting_write_failure(option: str, path: Path) -> Iterator[None]:
-    """Turn a failure to write `path` (disk full, permissions, the path taken meanwhile) into one line and exit
-    status 1 (the work was done; the input was not at fault); the command prints its results before writing them,
-    so they are not lost with it."""
+def reporting_write_failure(option: str, path: Path, outcome: str = "the results are printed above"
+                            ) -> Iterator[None]:  # fmt: skip
+    """Turn a failure to write `path` into one line (`write_failure`). Commands that compute results print them
+    before writing them, so they are not lost with it."""
     try:
         yield
-    except OSError as error:
-        reason = error.strerror or str(error)
-        raise RunError(f"could not write {option} {path}: {reason} (the results are printed above)") from None
+    except Exception as error:
+        if not is_write_failure(error):
+            raise
+        raise write_failure(option, path, error, outcome) from None

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conversion import convert, verify
-from delta_qwen3.atomic import write_json
+from delta_qwen3.atomic import write_json, write_json_lines
 from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
 from delta_qwen3.errors import RunError
-from delta_qwen3.jsonl import json_text, read_json_lines, write_json_lines
+from delta_qwen3.jsonl import json_text, read_json_lines
 from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics

@@ -112,7 +112,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.models[0] == EXPORT_DATA:
         if len(args.models) != 2:
             raise CommandError(f"usage: delta-qwen3 eval {EXPORT_DATA} DIR [--tasks T]")
-        counts = export_data(Path(args.models[1]), resolve_benchmarks(args.tasks))
+        with reporting_write_failure("DIR", args.models[1], "the files of the tasks before it are kept"):
+            counts = export_data(Path(args.models[1]), resolve_benchmarks(args.tasks))
         print(json_text({"data_dir": args.models[1], "documents": counts}))
         return 0
     check_output_file(args.output, "--output")

@@ -22,7 +22,6 @@ run re-reads the same stream and skips what it trained on.
 
 import hashlib
 import itertools
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from delta_qwen3.atomic import atomic_output
+from delta_qwen3.atomic import write_json_lines
 from delta_qwen3.errors import CommandError
 from delta_qwen3.texts import Documents, chunks, document_token_ids, open_documents, shuffle_buffer
 
@@ -80,8 +79,7 @@ class TrainingData:
 
     def save_validation_texts(self, path: Path) -> None:
         """The held-out text as JSON lines, for evaluating the run on exactly it (`delta-qwen3 ppl`)."""
-        with atomic_output(path) as temporary:
-            temporary.write_text("".join(json.dumps({"text": text}) + "\n" for text in self.validation_texts))
+        write_json_lines(path, ({"text": text} for text in self.validation_texts))
 
 
 @dataclass

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from delta_qwen3.errors import RunError
 from delta_qwen3.interrupts import interruption
 from delta_qwen3.jsonl import json_text
+from delta_qwen3.output_paths import is_write_failure, write_failure
 from delta_qwen3.sharpness import mean_max_weights, point_max_weights
 
 from .config import FinetuneConfig
@@ -118,8 +119,8 @@ def train(
     start_step: int = 0,
 ) -> bool:  # fmt: skip
     """Train from `start_step` to `config.max_steps`. Returns False when stopped early by `--stop-after-step`.
-    Raises `RunError` at the first write after a non-finite loss or gradient norm, and an `Interrupted`
-    that says how to continue on Ctrl-C or SIGTERM."""
+    Raises `RunError` at the first write after a non-finite loss or gradient norm, or when the log or a checkpoint
+    cannot be written, and an `Interrupted` that says how to continue on Ctrl-C or SIGTERM."""
     log = MetricsLog(log_path(config.output_dir), accelerator)
     reports_routing = hasattr(accelerator.unwrap_model(model).config, "routing_mode")
     tokens_per_step = config.batch_size * config.grad_accum * accelerator.num_processes * config.seq_len
@@ -172,5 +173,10 @@ def train(
         return True
     except KeyboardInterrupt as interrupt:
         raise interruption(interrupt, f"stopped at step {completed}; {resume_hint(config.output_dir)}") from None
+    except Exception as error:
+        if not is_write_failure(error):  # a full disk, most often at a checkpoint: what is saved stays resumable
+            raise
+        outcome = f"stopped at step {completed}; {resume_hint(config.output_dir)}"
+        raise write_failure("--output-dir", config.output_dir, error, outcome) from None
     finally:
         progress.close()

@@ -6,6 +6,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from delta_qwen3.errors import CommandError
 from delta_qwen3.interrupts import interruption, run_command
+from delta_qwen3.output_paths import reporting_write_failure
 from delta_qwen3.texts import documents_content
 
 from .config import (
@@ -23,6 +24,7 @@ from .loop import train
 from .model import (
     build_model,
     build_model_config,
+    gates_as_vectors,
     load_tokenizer,
     recorded_model_config,
     tokenizer_content,
@@ -100,6 +102,8 @@ def run(config: FinetuneConfig) -> int:
     set_seed(config.seed)
     data = build_training_data(config, tokenizer, accelerator.num_processes)
     model = build_model(config, model_config)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        gates_as_vectors(model)
     optimizer = build_optimizer(model, config)
     scheduler = build_schedule(optimizer, config)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -111,18 +115,19 @@ def run(config: FinetuneConfig) -> int:
         path, start_step = checkpoint
         load_checkpoint(accelerator, config.output_dir, path, start_step)
         accelerator.print(f"resuming from {path} (step {start_step})")
-    prepare_output_dir(config, accelerator, settings, None if checkpoint is None else checkpoint[1])
+    with reporting_write_failure("--output-dir", config.output_dir, "nothing was trained"):
+        prepare_output_dir(config, accelerator, settings, None if checkpoint is None else checkpoint[1])
+        if accelerator.is_main_process:  # the documents validation reads, for scoring the run on exactly them later
+            data.save_validation_texts(validation_documents_path(config.output_dir))
     if trackers:
         accelerator.init_trackers("finetune", config={k: v for k, v in config.to_dict().items() if v is not None})
-
-    if accelerator.is_main_process:  # the documents validation reads, for scoring the run on exactly them later
-        data.save_validation_texts(validation_documents_path(config.output_dir))
     finished = train(model, optimizer, scheduler, data, config, accelerator, start_step)
     if finished:
+        outcome = f"the final model was not saved; {resume_hint(config.output_dir)}"
         try:
-            saved = save_final_model(accelerator, model, tokenizer, config.output_dir, config.save_dtype)
+            with reporting_write_failure("--output-dir", config.output_dir, outcome):
+                saved = save_final_model(accelerator, model, tokenizer, config.output_dir, config.save_dtype)
         except KeyboardInterrupt as interrupt:
-            outcome = f"the final model was not saved; {resume_hint(config.output_dir)}"
             raise interruption(interrupt, outcome) from None
         accelerator.print(f"saved the model to {saved}")
         if config.push_to_hub and accelerator.is_main_process:

@@ -1,13 +1,15 @@
 """Bad input to `delta-qwen3 convert`: a message that names the problem, exit code 2, nothing written, the source
 untouched, and no half-written output after an interruption."""
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
-from helpers.files import tree_digest
+from helpers.files import disk_full_past, tree_digest
 from helpers.paths import REPO_ROOT
 from helpers.running import isolated_env
 
@@ -181,3 +183,71 @@ def test_null_where_an_object_may_stand_is_its_absence(src, tmp_path, capsys):
     assert main(["convert", str(src), str(tmp_path / "out"), "--num-blocks", "2"]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text()).get("quantization_config") is None
     assert "license:" not in (tmp_path / "out" / "README.md").read_text()
+
+
+# --- the output meets the disk -----------------------------------------------------------------------------------
+
+
+def write_fails(capsys, src, out, *options) -> str:
+    """Run `delta-qwen3 convert`, expect exit code 1, nothing of it left beside OUT and one line on stderr: that
+    line."""
+    assert main(["convert", str(src), str(out), "--num-blocks", "2", *options]) == 1
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in lines if "convert" in line]) == 1
+    return lines[-1]
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(src, tmp_path, capsys):
+    with disk_full_past(50_000):  # less than a shard
+        line = write_fails(capsys, src, tmp_path / "out")
+    assert line == (f"delta-qwen3 convert: error: could not write OUT {tmp_path / 'out'}: Error while serializing: "
+                    "I/O error: File too large (os error 27) (nothing of this conversion was kept)")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_parent_without_write_permission_is_one_line(src, tmp_path, capsys, monkeypatch):
+    (tmp_path / "read-only").mkdir()
+    mkdir = os.mkdir
+
+    def refused(path, *args, **kwargs):  # what a read-only directory does to a process that is not root
+        if os.path.dirname(path) == str(tmp_path / "read-only"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    out = tmp_path / "read-only" / "out"
+    assert write_fails(capsys, src, out) == (
+        f"delta-qwen3 convert: error: could not write OUT {out}: Permission denied (nothing of this conversion was kept)"
+    )
+    assert list((tmp_path / "read-only").iterdir()) == []
+
+
+def test_an_output_written_by_another_process_meanwhile_is_left_to_it(src, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    write_model_card = converter.write_model_card
+
+    def meanwhile(*args, **kwargs):
+        out.mkdir()
+        (out / "theirs.txt").write_text("theirs")
+        return write_model_card(*args, **kwargs)
+
+    monkeypatch.setattr(converter, "write_model_card", meanwhile)
+    assert write_fails(capsys, src, out) == (
+        f"delta-qwen3 convert: error: could not write OUT {out}: it was written by another process meanwhile, and "
+        "is left as it is (nothing of this conversion was kept)"
+    )
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_that_is_a_symbolic_link_is_written_where_it_points(src, tmp_path, capsys, overwrite):
+    (tmp_path / "real").mkdir()
+    if overwrite:
+        (tmp_path / "real" / "earlier.txt").write_text("earlier")
+    (tmp_path / "link").symlink_to("real")
+    options = ["--num-blocks", "2", *(["--overwrite"] if overwrite else [])]
+    assert main(["convert", str(src), str(tmp_path / "link"), *options]) == 0
+    assert os.readlink(tmp_path / "link") == "real"
+    assert (tmp_path / "real" / "config.json").is_file() and not (tmp_path / "real" / "earlier.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "src"]

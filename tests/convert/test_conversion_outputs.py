@@ -23,9 +23,9 @@ from helpers.running import isolated_env, last_json_line, run_without_project
 
 import modeling_delta_qwen3.modeling_delta_qwen3 as modeling
 from conversion import converter
-from delta_qwen3.atomic import write_json
+from delta_qwen3.atomic import write_json, write_json_lines
 from delta_qwen3.cli import main
-from delta_qwen3.jsonl import json_text, write_json_lines
+from delta_qwen3.jsonl import json_text
 from finetune.loop import MetricsLog
 
 INTERRUPTED = "delta-qwen3 convert: interrupted by {}; unfinished outputs were not kept"

@@ -13,6 +13,7 @@ import datasets
 import lm_eval
 import pytest
 import torch
+from helpers.files import disk_full_past
 from helpers.running import run_cli
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml
@@ -345,6 +346,17 @@ def test_export_data_writes_one_file_per_task_from_the_hub_splits(monkeypatch, t
     code, _, _ = run_cli(["eval", "export-data", str(tmp_path / "boolq-only"), "--tasks", "boolq"])
     assert code == 0
     assert [p.name for p in (tmp_path / "boolq-only").iterdir()] == ["boolq.jsonl"]
+
+
+def test_export_data_that_cannot_be_written_is_one_line_keeping_the_files_before(monkeypatch, tmp_path):
+    monkeypatch.setattr(datasets, "load_dataset", fake_hub_load_dataset)
+    data = tmp_path / "data"
+    with disk_full_past(1_600):  # MMLU's documents fit; BoolQ's do not
+        code, stdout, stderr = run_cli(["eval", "export-data", str(data), "--tasks", "mmlu,boolq"])
+    assert (code, stdout) == (1, "")
+    assert stderr.splitlines()[-1] == (f"delta-qwen3 eval: error: could not write DIR {data}: File too large (the "
+                                       "files of the tasks before it are kept)")  # fmt: skip
+    assert sorted(p.name for p in data.iterdir()) == ["mmlu.jsonl"]
 
 
 # --- bad input ----------------------------------------------------------------------------------------------

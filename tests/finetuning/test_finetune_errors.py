@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from helpers.files import file_hashes
+from helpers.files import disk_full_past, file_hashes
 from helpers.models import save_tiny_qwen3
 from helpers.training import log_lines, run_env, tiny_run_args, weights
 
@@ -333,6 +333,28 @@ def test_a_hand_edited_model_configuration_file_is_one_line(tmp_path, jsonl_corp
                          str(tmp_path / "tokenizer"), "--model-config", str(tmp_path / "shape.json"))  # fmt: skip
     assert failed(argv, capsys) == f"finetune: error: {message.format(path=tmp_path / 'shape.json')}"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "save_every, outcome",
+    [
+        ("1", "stopped at step 1; no checkpoint was saved, so --resume starts again from step 0"),
+        ("0", "the final model was not saved; no checkpoint was saved, so --resume starts again from step 0"),
+    ],
+)
+def test_a_disk_that_fills_is_one_line_saying_what_resume_continues_from(tmp_path, jsonl_corpus, delta_checkpoint,
+                                                                         capsys, save_every, outcome):
+    out = tmp_path / "out"
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "1", "--save-every",
+                         save_every)  # fmt: skip
+    with disk_full_past(100_000):  # the settings, the log and the held-out text fit; the weights (200 kB) do not
+        message = failed(argv, capsys, exit_code=1)
+    assert message == (
+        f"finetune: error: could not write --output-dir {out}: Error while serializing: I/O error: File too large "
+        f"(os error 27) ({outcome})"
+    )
+    assert [p.name for p in out.rglob("*") if p.is_dir()] == (["checkpoints"] if save_every == "1" else [])
+    assert [p.name for p in out.rglob(".*")] == []
 
 
 # --- bad input found before training -----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-"""Files on disk as they were: what a failed or interrupted command must leave unchanged."""
+"""Files on disk as they were: what a failed or interrupted command must leave unchanged; and a disk that fills."""
 
 import hashlib
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -17,3 +20,16 @@ def file_hashes(root: Path) -> dict[str, str]:
     """SHA-256 of every file under `root` by its relative path: what a failed command must leave as it was."""
     files = (path for path in root.rglob("*") if path.is_file())
     return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() for path in files}
+
+
+@contextmanager
+def disk_full_past(size: int) -> Iterator[None]:
+    """Within the block, writing any file of this process past `size` bytes fails with EFBIG ("File too large"),
+    as a full disk fails it with ENOSPC, and needs no privileges: the soft RLIMIT_FSIZE, restored afterwards (Python
+    ignores the SIGXFSZ that would otherwise end the process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
