@@ -2,21 +2,25 @@
 from scratch, resumable, with one results JSON, a table and pictures."""
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 
 from delta_qwen3.atomic import write_json
 from delta_qwen3.errors import CommandError
-from finetune.config import MODES, parse_args
+from delta_qwen3.output_paths import reporting_write_failure
+from delta_qwen3.texts import documents_content
+from finetune.config import DATA_CONTENT, INVOCATION_OPTIONS, MODES, FinetuneConfig, parse_args, resume_changes
 from finetune.presets import PRESETS
 from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
 
 from .grid import expand_grid
 from .report import format_band_table, format_table, paired_comparisons, summarise, write_pictures
-from .runs import StudySettings, finished_result, run_one
+from .runs import StudySettings, finished_result, has_work, run_one
 
 RESULTS_NAME = "results.json"
+STUDY_NAME = "study.json"  # the settings its runs are trained and scored with (`study_record`)
 # Options each run sets itself; the shared finetune options after `--` must not.
 PER_RUN_OPTIONS = ("--from-scratch", "--mode", "--model-config", "--preset", "--seed", "--output-dir", "--num-blocks",
                    "--resume", "--overwrite", "--model")  # fmt: skip
@@ -50,8 +54,9 @@ def register(subparsers) -> None:
     study.set_defaults(func=run_study)
 
 
-def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], int]:
-    """The options after `--`, checked by finetune's own parser; and the block length, which scoring uses."""
+def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], FinetuneConfig]:
+    """The options after `--`, and what finetune's own parser makes of them (with placeholders for what each run
+    sets)."""
     shared = args.finetune_args[1:] if args.finetune_args[:1] == ["--"] else args.finetune_args
     own = [option for option in shared if option.split("=")[0] in PER_RUN_OPTIONS]
     if own:
@@ -66,13 +71,43 @@ def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], int]:
                 raise CommandError(f"--num-blocks {blocks} must be between 1 and the depth, here {layers}")
     config = parse_args([*shared, "--from-scratch", "--preset", args.preset, "--mode", "baseline",
                          "--output-dir", str(args.out)])  # fmt: skip
-    return shared, config.seq_len
+    return shared, config
+
+
+def study_record(args: argparse.Namespace, config: FinetuneConfig) -> dict:
+    """What makes the runs in --out the work they are, besides each one's mode, depth, block count and seed: the
+    finetune options as finetune reads them (so that neither their order nor their spelling counts), what the data
+    holds, the preset, and the documents scored."""
+    per_run = {name.removeprefix("--").replace("-", "_") for name in PER_RUN_OPTIONS} | INVOCATION_OPTIONS
+    options = {name: value for name, value in config.to_dict().items() if name not in per_run}
+    return {**options, DATA_CONTENT: documents_content(config.data), "preset": args.preset,
+            "validation_data": args.validation_data}  # fmt: skip
+
+
+def check_same_study(out: Path, record: dict) -> None:
+    """Refuse settings other than those the runs already in `out` were trained and scored with: their results
+    would be reported as this study's. Without runs (nothing was trained yet), the settings may change."""
+    path = out / STUDY_NAME
+    if not has_work(out):
+        return
+    if not path.is_file():
+        print(f"{path} is missing (the study started with an earlier release): the settings of its runs cannot be "
+              "checked", file=sys.stderr)  # fmt: skip
+        return
+    changes = sorted(sum(resume_changes(json.loads(path.read_text()), record), []))  # each one counts here
+    if changes:
+        raise CommandError(
+            f"--out {out} holds runs trained and scored with other settings: {'; '.join(changes)} (run the study "
+            "with the settings it started with, or give another --out)"
+        )
 
 
 def run_study(args: argparse.Namespace) -> int:
-    shared, seq_len = _shared_finetune_args(args)
-    settings = StudySettings(args.out, shlex.split(args.launcher), args.preset, shared, args.validation_data, seq_len,
-                             args.device)  # fmt: skip
+    shared, config = _shared_finetune_args(args)
+    record = study_record(args, config)
+    check_same_study(args.out, record)
+    settings = StudySettings(args.out, shlex.split(args.launcher), args.preset, shared, args.validation_data,
+                             config.seq_len, args.device)  # fmt: skip
     runs = expand_grid(args.modes, args.depths, args.seeds, args.num_blocks)
     if args.report_only:
         found = {run.name: finished_result(run, args.out) for run in runs}
@@ -84,14 +119,18 @@ def run_study(args: argparse.Namespace) -> int:
             print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)
     else:
         results = []
-        for index, run in enumerate(runs, start=1):
-            print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
-            results.append(run_one(run, settings))
+        with reporting_write_failure("--out", args.out, "the runs finished so far are kept; run the study again "
+                                     "to continue"):  # fmt: skip
+            write_json(args.out / STUDY_NAME, record)
+            for index, run in enumerate(runs, start=1):
+                print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
+                results.append(run_one(run, settings))
     summary, paired = summarise(results), paired_comparisons(results)
     print(format_table(summary, paired))
     print(format_band_table(summary))
-    write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,
-                                         "paired": paired, "runs": results})  # fmt: skip
-    for path in write_pictures(summary, paired, results, args.out):
-        print(f"wrote {path}", file=sys.stderr)
+    with reporting_write_failure("--out", args.out):
+        write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,
+                                             "paired": paired, "runs": results})  # fmt: skip
+        for path in write_pictures(summary, paired, results, args.out):
+            print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -10,10 +10,11 @@ import random
 import sys
 from pathlib import Path
 
+from delta_qwen3.atomic import staged_directory, write_json_lines
 from delta_qwen3.corpus import train_bpe_tokenizer
 from delta_qwen3.errors import CommandError
 from delta_qwen3.interrupts import run_command
-from delta_qwen3.jsonl import write_json_lines
+from delta_qwen3.output_paths import reporting_write_failure
 from delta_qwen3.texts import open_documents
 
 SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
@@ -24,8 +25,11 @@ def prepare(out: Path, sources: Path, vocab_size: int) -> None:
         raise CommandError(f"{sources} does not exist: install Debian's python3.11-doc, or pass --sources")
     texts = [text for text in open_documents(str(sources), option="--sources") if text.strip()]
     random.Random(0).shuffle(texts)
-    write_json_lines(out / "documents.jsonl", ({"text": text} for text in texts))
-    train_bpe_tokenizer(texts, vocab_size).save_pretrained(out / "tokenizer")
+    tokenizer = train_bpe_tokenizer(texts, vocab_size)
+    with reporting_write_failure("OUT", out, "what could not be written was not kept"):
+        write_json_lines(out / "documents.jsonl", ({"text": text} for text in texts))
+        with staged_directory(out / "tokenizer") as staging:
+            tokenizer.save_pretrained(staging)
     print(f"{len(texts)} documents, {sum(map(len, texts)) / 1e6:.1f} MB -> {out}", file=sys.stderr)
 
 

@@ -19,7 +19,7 @@ from delta_qwen3.texts import read_texts
 from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics
-from finetune.outputs import log_path, model_dir, validation_documents_path
+from finetune.outputs import log_path, model_dir, run_config_path, validation_documents_path
 
 from .grid import Run, write_model_config
 
@@ -86,6 +86,14 @@ def score(run: Run, settings: StudySettings, directory: Path) -> dict:
     result["tokens_per_s"] = sum(speeds) / len(speeds)
     result["val_loss_curve"] = [[line["step"], line["val_loss"]] for line in log if "val_loss" in line]
     return result
+
+
+def has_work(out: Path) -> bool:
+    """Whether any run in study directory `out` has trained (finetune records its settings when training starts)
+    or been scored."""
+    runs = out / "runs"
+    return any((directory / RESULT_NAME).is_file() or run_config_path(directory / "train").is_file()
+               for directory in (runs.iterdir() if runs.is_dir() else []))  # fmt: skip
 
 
 def finished_result(run: Run, out: Path) -> dict | None:

@@ -7,12 +7,17 @@ import subprocess
 import sys
 
 import pytest
+from helpers.files import disk_full_past
 from helpers.paths import REPO_ROOT
 from helpers.training import write_corpus
 
-from delta_qwen3.cli import main
+from delta_qwen3.atomic import write_json
+from delta_qwen3.cli import build_parser, main
+from delta_qwen3.corpus import python_docs_texts
 from finetune.config import parse_args
 from finetune.model import build_model_config
+from study import python_docs
+from study.cli import _shared_finetune_args, check_same_study, study_record
 from study.grid import Run, expand_grid
 from study.report import format_band_table, format_table, paired_comparisons, summarise
 from study.runs import StudySettings, finetune_command
@@ -187,3 +192,65 @@ def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path,
     assert "12.50 ± 0.00" in captured.out
     assert json.loads((out / "results.json").read_text())["runs"] == [result]
     assert not (out / "runs" / "baseline-L2-s1").exists()  # nothing was trained
+
+
+def test_results_that_cannot_be_written_are_printed_then_one_line(tmp_path, capsys):
+    out = tmp_path / "study"
+    run = Run("baseline", 2, 0)
+    (out / "runs" / run.name).mkdir(parents=True)
+    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
+              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
+    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    with disk_full_past(2_000):  # results.json fits; a picture does not
+        assert main(["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0",
+                     "--report-only", "--", "--data", "d", "--tokenizer", "t"]) == 1  # fmt: skip
+    captured = capsys.readouterr()
+    assert "12.50 ± 0.00" in captured.out
+    assert captured.err.splitlines()[-1] == (
+        f"delta-qwen3 study: error: could not write --out {out}: File too large (the results are printed above)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "runs"]
+
+
+def test_a_corpus_that_cannot_be_written_is_one_line_and_not_kept_half_written(tmp_path, capsys):
+    (tmp_path / "sources").mkdir()
+    (tmp_path / "sources" / "topic.txt").write_text(python_docs_texts()[0])  # 1.1 kB
+    out = tmp_path / "corpus"
+    with disk_full_past(3_000):  # the documents fit; the tokenizer (its vocabulary alone) does not
+        assert python_docs.main([str(out), "--sources", str(tmp_path / "sources"), "--vocab-size", "300"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"study.python_docs: error: could not write OUT {out}: File too large (os error 27) (what could not be written "
+        "was not kept)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["documents.jsonl"]
+
+
+def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_studys(tmp_path, capsys):
+    out = tmp_path / "study"
+    run = Run("baseline", 2, 0)
+    (out / "runs" / run.name).mkdir(parents=True)
+    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
+              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
+    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    grid = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "--report-only"]
+    started = ["--data", "d", "--tokenizer", "t", "--lr", "1e-3", "--seq-len", "32"]
+
+    # A study directory of an earlier release records nothing: said, and reported.
+    assert main([*grid, "--", *started]) == 0
+    assert f"{out / 'study.json'} is missing (the study started with an earlier release)" in capsys.readouterr().err
+
+    args = build_parser().parse_args([*grid, "--", *started])
+    write_json(out / "study.json", study_record(args, _shared_finetune_args(args)[1]))
+    assert main([*grid, "--", "--seq-len=32", "--lr", "0.001", "--tokenizer", "t", "--data", "d"]) == 0  # the same
+    capsys.readouterr()
+    assert main([*grid, "--preset", "mini", "--", *started, "--lr", "3e-3", "--max-steps", "5"]) == 2
+    assert capsys.readouterr().err == (
+        f"delta-qwen3 study: error: --out {out} holds runs trained and scored with other settings: --lr 0.001 -> "
+        "0.003; --max-steps 1000 -> 5; --preset tiny -> mini (run the study with the settings it started with, or "
+        "give another --out)\n"
+    )
+
+    # Before any run has trained, nothing holds the settings: they may change.
+    (out / "runs" / run.name / "result.json").unlink()
+    other = build_parser().parse_args([*grid, "--", "--data", "d", "--tokenizer", "t"])
+    check_same_study(out, study_record(other, _shared_finetune_args(other)[1]))
