@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.models import save_random_delta, save_tiny_qwen3
+from helpers.models import gate_shapes, save_random_delta, save_tiny_qwen3, write_scalar_gates
 from helpers.paths import REPO_ROOT, VLLM_PYTHON
 from helpers.running import isolated_env, run_without_project
 from transformers import Qwen3ForCausalLM
@@ -96,6 +96,18 @@ def several_layers_per_block(tmp_path_factory, tokenizer) -> dict:
     return {path.name: (path, model)}
 
 
+@pytest.fixture(scope="module")
+def gates_0d(tmp_path_factory, tokenizer) -> dict:
+    """A random gated delta_block checkpoint of the format's first version (SPEC section 4: its gates 0-d), in the
+    same form as `checkpoints`."""
+    path = tmp_path_factory.mktemp("vllm-0d-gates") / "delta_block-0d-gates"
+    model = save_random_delta(path, "delta_block", **VLLM_SHAPE)
+    write_scalar_gates(path)
+    assert gate_shapes(path) == {()}
+    tokenizer.save_pretrained(path)
+    return {path.name: (path, model)}
+
+
 def run_vllm(runs: list[dict], tmp_path: Path, enforce_eager: bool, timeout: int = 600) -> dict:
     """Run `benchmarks/vllm_runner.py` on `runs` in the vLLM environment, without this project; its results."""
     tmp_path.mkdir(exist_ok=True)
@@ -163,16 +175,17 @@ def assert_half_precision_close_to_float32(checkpoints: dict, results: dict, vll
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=HALF_PRECISION_ATOL[dtype], rtol=0)
 
 
-def test_greedy_tokens_equal_generate_in_default_and_eager_modes(checkpoints, several_layers_per_block, tmp_path):
+def test_greedy_tokens_equal_generate_in_default_and_eager_modes(checkpoints, several_layers_per_block, gates_0d,
+                                                                 tmp_path):
     """Every routing mode and the plain Qwen3 control (served by vLLM's own Qwen3), in float32: the same tokens and
     prompt log-probabilities as Transformers, for prompts of different lengths packed into one batch; in bfloat16 or
     float16 (a delta mode in one, an AttnRes mode in the other), prompt log-probabilities close to float32's. In
-    eager mode (the routing through the buffer), every mode, and blocks of several layers too; in vLLM's default
-    mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the "compiled" routing
-    implementation), `COMPILED` (delta_block refuses it on the CPU). The two engines run side by side: compiling is
-    most of the default mode's time, and it leaves the other core to the eager one."""
+    eager mode (the routing through the buffer), every mode, blocks of several layers and a checkpoint with 0-d gates
+    too; in vLLM's default mode, which compiles the model with torch.compile(fullgraph=True) (the routing through the
+    "compiled" routing implementation), `COMPILED` (delta_block refuses it on the CPU). The two engines run side by
+    side: compiling is most of the default mode's time, and it leaves the other core to the eager one."""
     compiled = {name: checkpoints[name] for name in COMPILED}
-    served = {"default": compiled, "eager": checkpoints | several_layers_per_block}
+    served = {"default": compiled, "eager": checkpoints | several_layers_per_block | gates_0d}
     with concurrent.futures.ThreadPoolExecutor(len(served)) as pool:
         futures = {
             mode: pool.submit(run_vllm, token_runs(made) + half_precision_runs(checkpoints, mode), tmp_path / mode,
