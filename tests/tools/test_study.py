@@ -175,17 +175,22 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
     assert [path.stat().st_mtime_ns for path in results] == stamps
 
 
+def finished_run(out, run: Run) -> dict:
+    """The result of `run`, written into study directory `out` as a run that finished writes it."""
+    (out / "runs" / run.name).mkdir(parents=True)
+    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
+              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
+    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    return result
+
+
 def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path, capsys):
     out = tmp_path / "study"
     options = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "1", "--report-only",
                "--", "--data", "d", "--tokenizer", "t"]  # fmt: skip
     assert main(options) == 2
     assert f"--out {out} has no finished run of this study yet" in capsys.readouterr().err
-    run = Run("baseline", 2, 0)
-    (out / "runs" / run.name).mkdir(parents=True)
-    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
-              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
-    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    result = finished_run(out, Run("baseline", 2, 0))
     assert main(options) == 0
     captured = capsys.readouterr()
     assert "not finished yet, left out: baseline-L2-s1" in captured.err
@@ -196,11 +201,7 @@ def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path,
 
 def test_results_that_cannot_be_written_are_printed_then_one_line(tmp_path, capsys):
     out = tmp_path / "study"
-    run = Run("baseline", 2, 0)
-    (out / "runs" / run.name).mkdir(parents=True)
-    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
-              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
-    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    finished_run(out, Run("baseline", 2, 0))
     with disk_full_past(2_000):  # results.json fits; a picture does not
         assert main(["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0",
                      "--report-only", "--", "--data", "d", "--tokenizer", "t"]) == 1  # fmt: skip
@@ -227,11 +228,7 @@ def test_a_corpus_that_cannot_be_written_is_one_line_and_not_kept_half_written(t
 
 def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_studys(tmp_path, capsys):
     out = tmp_path / "study"
-    run = Run("baseline", 2, 0)
-    (out / "runs" / run.name).mkdir(parents=True)
-    result = {**run.to_dict(), "group": run.group, "val_ppl": 12.5, "tokens_per_s": 10.0,
-              "val_loss_curve": [[0, 3.0], [5, 2.5]]}  # fmt: skip
-    (out / "runs" / run.name / "result.json").write_text(json.dumps(result))
+    finished_run(out, Run("baseline", 2, 0))
     grid = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "--report-only"]
     started = ["--data", "d", "--tokenizer", "t", "--lr", "1e-3", "--seq-len", "32"]
 
@@ -251,6 +248,6 @@ def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_study
     )
 
     # Before any run has trained, nothing holds the settings: they may change.
-    (out / "runs" / run.name / "result.json").unlink()
+    (out / "runs" / "baseline-L2-s0" / "result.json").unlink()
     other = build_parser().parse_args([*grid, "--", "--data", "d", "--tokenizer", "t"])
     check_same_study(out, study_record(other, _shared_finetune_args(other)[1]))
