@@ -33,18 +33,17 @@ def checkpoints(tmp_path_factory, qwen3_checkpoint) -> list[Path]:
     return paths
 
 
+NO_FSDP_LOADING = pytest.mark.skipif(
+    not hasattr(PreTrainedModel, "maybe_distribute_model"),
+    reason=f"Transformers {transformers.__version__} has no FSDP sharding while loading",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sharding, sharded_class",
-    [
-        pytest.param(
-            "fsdp", "FSDPDeltaQwen3ForCausalLM",
-            marks=pytest.mark.skipif(not hasattr(PreTrainedModel, "maybe_distribute_model"),
-                                     reason=f"Transformers {transformers.__version__} has no FSDP sharding while loading"),
-        ),
-        ("tp", "DeltaQwen3ForCausalLM"),
-    ],
-)  # fmt: skip
+    [pytest.param("fsdp", "FSDPDeltaQwen3ForCausalLM", marks=NO_FSDP_LOADING), ("tp", "DeltaQwen3ForCausalLM")],
+)
 def test_sharded_while_loading_computes_the_unsharded_logits_and_tokens(tmp_path, checkpoints, sharding, sharded_class):
     report_path = tmp_path / "report.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
