@@ -70,7 +70,9 @@ def test_resume_after_interruption_ends_with_the_same_parameters(
 ):
     """Also a gated run whose checkpoint is as runs saved it before the gates became `[1]`: it resumes, and saves
     `[1]` gates (as the uninterrupted run's)."""
-    model = save_tiny_delta(tmp_path / "gated", tokenizer, routing_gate=True) if saved_with_0d_gates else delta_checkpoint
+    model = delta_checkpoint
+    if saved_with_0d_gates:
+        model = save_tiny_delta(tmp_path / "gated", tokenizer, routing_gate=True)
     common = ("--max-steps", "6", "--save-every", "3", "--grad-accum", "2", "--eval-every", "100")
     assert finetune.main(tiny_run_args(jsonl_corpus, tmp_path / "straight", "--model", str(model), *common)) == 0
 
