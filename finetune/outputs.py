@@ -83,10 +83,10 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path, path: Path
     """Load the training state of the checkpoint `path` (of `step`); one that cannot load is refused in one line
     naming it and the checkpoint before it, which a damaged one leaves to resume from."""
     earlier = [(number, older) for number, older in checkpoints(output_dir) if number < step]
-    advice = "it is damaged (truncated?), or the run started with another model: " + (
-        f"move it out of {checkpoints_dir(output_dir)} and --resume continues from the checkpoint of step "
-        f"{earlier[-1][0]} ({earlier[-1][1]})" if earlier else "--overwrite starts the run again"
-    )  # fmt: skip
+    then = (f"continues from the checkpoint of step {earlier[-1][0]} ({earlier[-1][1]})" if earlier
+            else "starts again from step 0")  # fmt: skip
+    advice = (f"either the run started with another model (resume with the options it started with), or the "
+              f"checkpoint is damaged (truncated?): moved out of {checkpoints_dir(output_dir)}, --resume then {then}")
     with loading(f"the checkpoint to resume, {path}", advice):
         accelerator.load_state(str(path))
 

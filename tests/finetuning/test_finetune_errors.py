@@ -287,8 +287,9 @@ def test_a_checkpoint_that_cannot_load_leaves_the_run_as_it_was_and_names_the_on
     message = failed([*argv, "--resume", "--max-steps", "5"], capsys)
     assert message.startswith(f"finetune: error: could not load the checkpoint to resume, {checkpoints / 'step_00000003'}: ")
     assert message.endswith(
-        f"; it is damaged (truncated?), or the run started with another model: move it out of {checkpoints} and "
-        f"--resume continues from the checkpoint of step 2 ({checkpoints / 'step_00000002'})"
+        "; either the run started with another model (resume with the options it started with), or the checkpoint "
+        f"is damaged (truncated?): moved out of {checkpoints}, --resume then continues from the checkpoint of step 2 "
+        f"({checkpoints / 'step_00000002'})"
     )
     assert file_hashes(out) == before  # run_config.json still says --max-steps 4; the log still has step 3
 
