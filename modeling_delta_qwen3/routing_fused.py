@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from .routing_op import route
+from .routing_op import RouteFunction, route
 
 
 class _AppendSource(torch.autograd.Function):
@@ -56,8 +56,9 @@ class FusedSources:
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
         """See `routing.Sources.route`."""
-        sources = self.prefix if self.grad else self.buffer
-        return route(sources, self.count, extra, point.w, point.gate, residual, self.eps)
+        if self.grad:
+            return RouteFunction.apply(self.prefix, self.count, extra, point.w, point.gate, residual, self.eps)
+        return route(self.buffer, self.count, extra, point.w, point.gate, residual, self.eps)
 
     def to(self, *args, **kwargs) -> "FusedSources":
         """A copy on another device, the buffer copied with what it holds (accelerate's device hooks move the depth
