@@ -24,7 +24,6 @@ from .loop import train
 from .model import (
     build_model,
     build_model_config,
-    gates_as_vectors,
     load_tokenizer,
     recorded_model_config,
     tokenizer_content,
@@ -102,8 +101,6 @@ def run(config: FinetuneConfig) -> int:
     set_seed(config.seed)
     data = build_training_data(config, tokenizer, accelerator.num_processes)
     model = build_model(config, model_config)
-    if accelerator.distributed_type == DistributedType.FSDP:
-        gates_as_vectors(model)
     optimizer = build_optimizer(model, config)
     scheduler = build_schedule(optimizer, config)
     model, optimizer = accelerator.prepare(model, optimizer)
