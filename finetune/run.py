@@ -2,7 +2,7 @@
 model and optimiser prepared by accelerate -> (resume) -> training loop -> final model -> Hub."""
 
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, parse_flag_from_env, set_seed
 
 from delta_qwen3.errors import CommandError
 from delta_qwen3.interrupts import interruption, run_command
@@ -83,10 +83,22 @@ def check_resume(config: FinetuneConfig, settings: dict, step: int, accelerator:
         accelerator.print(f"resuming with changed options: {'; '.join(allowed)}")
 
 
+def check_sharding(accelerator: Accelerator) -> None:
+    """Refuse a launch that asked for FSDP (`--config_file finetune/accelerate_fsdp.yaml`) where accelerate does not
+    shard: it uses FSDP on GPUs only, and elsewhere would train unsharded copies, or processes unaware of each other."""
+    if parse_flag_from_env("ACCELERATE_USE_FSDP") and accelerator.distributed_type != DistributedType.FSDP:
+        raise CommandError(
+            f"FSDP was asked for, but accelerate runs this launch as {accelerator.distributed_type.value} with "
+            f"{accelerator.num_processes} process(es): it shards with FSDP on GPUs only; on the CPU launch without "
+            "the FSDP configuration (accelerate launch --cpu --num_processes 2 -m finetune ...)"
+        )
+
+
 def run(config: FinetuneConfig) -> int:
     """Train as `config` says. Bad input raises `CommandError` before anything is written to --output-dir."""
     trackers = {"none": None, "all": "all"}.get(config.report_to, [config.report_to])
     accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers, project_dir=config.output_dir)
+    check_sharding(accelerator)
     checkpoint = check_output_dir(config)
     if config.lora and accelerator.distributed_type == DistributedType.FSDP:
         raise CommandError("--lora is not supported with FSDP: the adapters are merged into unsharded weights")

@@ -67,6 +67,19 @@ def test_learning_rates_that_cannot_train_are_refused(tmp_path, jsonl_corpus, ca
     assert not (tmp_path / "out").exists()
 
 
+def test_fsdp_asked_for_where_accelerate_does_not_shard_is_refused(tmp_path, jsonl_corpus, capsys, monkeypatch):
+    """`accelerate launch --config_file finetune/accelerate_fsdp.yaml` on CPU processes: accelerate shards with FSDP
+    on GPUs only, so it would train unsharded copies; the run is refused before anything is written."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    argv = tiny_run_args(jsonl_corpus, tmp_path / "out", "--model", str(tmp_path / "model"))
+    assert failed(argv, capsys) == (
+        "finetune: error: FSDP was asked for, but accelerate runs this launch as NO with 1 process(es): it shards "
+        "with FSDP on GPUs only; on the CPU launch without the FSDP configuration (accelerate launch --cpu "
+        "--num_processes 2 -m finetune ...)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 # --- divergence --------------------------------------------------------------------------------------------------
 
 
