@@ -5,6 +5,7 @@ memory stays linear in depth. Compiling takes most of these tests' time: tiny mo
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from helpers.models import MODES, delta_config, token_ids
 from helpers.spec_reference import randomize_routing
 
@@ -31,6 +32,28 @@ def tiny_model(mode: str) -> DeltaQwen3ForCausalLM:
 # Each mode generates with one cache, each cache in two modes: compiling the decoding steps for both caches in every
 # mode doubled these tests' time.
 GENERATION_CACHES = {"delta": "static", "delta_block": "dynamic", "attnres_full": "dynamic", "attnres_block": "static"}
+
+
+@pytest.mark.parametrize(
+    "mode,implementation", [*((mode, "fused") for mode in MODES), ("delta", None)], ids=lambda value: str(value)
+)
+def test_decoding_with_the_static_cache_compiles_once_without_graph_breaks(mode, implementation):
+    """`generate` with the static cache under `torch.compile(fullgraph=True)`: one graph for the prompt and one for
+    every decoding step after it (what CUDA graphs capture and replay, `CompileConfig(mode="reduce-overhead")`),
+    nothing compiled again by a second call, no graph breaks; the tokens are eager mode's. The fused routing
+    operation (one registered operation per point) and the default under compilation."""
+    model = tiny_model(mode).eval()
+    model.set_routing_implementation(implementation)
+    ids = token_ids(batch=1, seq=6)
+    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=2, eos_token_id=None, cache_implementation="static")
+    eager = model.generate(ids, disable_compile=True, **kwargs)
+    counters.clear()
+    model.forward = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **kwargs), eager)
+        assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
+        assert torch.equal(model.generate(ids, **kwargs), eager)
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 @pytest.mark.parametrize("mode", MODES)
