@@ -215,7 +215,7 @@ def random_delta(profile: Profile, mode: str, **overrides):
     """A DeltaQwen3 of the check shape in `mode` (gated in the delta modes), its routing parameters random so
     that routing changes what it computes, on the profile's device in float32."""
     from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
-    from tests.helpers.spec_reference import randomize_routing
+    from benchmarks.routing_parameters import randomize_routing
 
     torch.manual_seed(0)
     fields = profile.check_shape | overrides

@@ -3,7 +3,7 @@
 import argparse
 
 from modeling_delta_qwen3 import DeltaQwen3Config
-from modeling_delta_qwen3.configuration_delta_qwen3 import ROUTING_MODES
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 from .converter import convert
 from .hub import push_to_hub

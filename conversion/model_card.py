@@ -5,6 +5,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData, metadata_load
 
 from modeling_delta_qwen3 import DeltaQwen3Config
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 from .target_config import cast_caveat, is_function_preserving
 
@@ -65,14 +66,14 @@ def citation(config: DeltaQwen3Config) -> str:
     """The BibTeX of the paper behind the checkpoint's routing mode: the AttnRes comparison modes also cite the
     paper that introduced them."""
     entries = [DELTA_ATTNRES_BIBTEX]
-    if config.routing_mode.startswith("attnres"):
+    if not ROUTING_MODES[config.routing_mode].residual_stream:  # the modes that replace it are AttnRes's
         entries.append(ATTNRES_BIBTEX)
     return "\n\n".join(entries)
 
 
 def _routing_table(config: DeltaQwen3Config) -> str:
     rows = [("routing_mode", f"`{config.routing_mode}`"), ("routing_gate", f"`{config.routing_gate}`")]
-    if config.routing_mode.endswith("block"):
+    if ROUTING_MODES[config.routing_mode].blocks:
         blocks = f"`{config.routing_num_blocks}` ({config.layers_per_block} layers per block)"
         rows.append(("routing_num_blocks", blocks))
     rows.append(("num_hidden_layers", f"`{config.num_hidden_layers}`"))
@@ -82,10 +83,11 @@ def _routing_table(config: DeltaQwen3Config) -> str:
 def _vllm_serving(config: DeltaQwen3Config, model_id: str) -> str:
     """How to serve the checkpoint with vLLM; on the CPU under PyTorch before 2.14, a `delta_block` checkpoint refuses
     vLLM's compiled mode, which that Inductor gets wrong there (docs/SERVING.md), and is served in eager mode."""
+    mode = ROUTING_MODES[config.routing_mode]
     cpu = (
         "\n\nOn the CPU with PyTorch before 2.14 (vLLM's CPU builds up to 0.32 pin 2.13) add `--enforce-eager`: in "
         "`delta_block` mode the model refuses vLLM's compiled mode there, which that PyTorch's Inductor gets wrong."
-        if config.routing_mode == "delta_block" else ""
+        if mode.miscompiled_on_cpu_before_torch_2_14 else ""
     )
     return f"""vLLM serves it through its Transformers modeling backend, with continuous batching and the OpenAI-compatible
 server; pipeline parallelism is not supported:

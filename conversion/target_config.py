@@ -5,7 +5,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from delta_qwen3.errors import CommandError
 from modeling_delta_qwen3 import DeltaQwen3Config
-from modeling_delta_qwen3.configuration_delta_qwen3 import DELTA_MODES
+from modeling_delta_qwen3.routing_modes import GATEABLE_MODES
 
 # Keys of a Qwen3 config.json that describe the file rather than the model; the target writes its own.
 _FILE_KEYS = ("model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype")
@@ -58,7 +58,7 @@ def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bo
     gates the delta modes (so the conversion is exact) and leaves the AttnRes modes ungated (they have no gate).
     Invalid routing settings, such as a block count out of range for the model's depth, are refused with the
     config's own message."""
-    gate = mode in DELTA_MODES if gate is None else gate
+    gate = mode in GATEABLE_MODES if gate is None else gate
     if num_blocks is None:
         num_blocks = default_num_blocks(qwen3_config)
     fields = {key: value for key, value in qwen3_config.items() if key not in _FILE_KEYS}
@@ -73,7 +73,7 @@ def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bo
 
 def is_function_preserving(config: DeltaQwen3Config) -> bool:
     """Whether a freshly converted checkpoint computes exactly what its source did (SPEC section 2.5)."""
-    return config.routing_mode in DELTA_MODES and config.routing_gate
+    return config.routing_mode in GATEABLE_MODES and config.routing_gate
 
 
 def cast_caveat(source_dtype: str, dtype: str | torch.dtype) -> str:

@@ -5,7 +5,7 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from delta_qwen3.errors import CommandError
-from modeling_delta_qwen3.configuration_delta_qwen3 import DELTA_MODES, ROUTING_MODES
+from modeling_delta_qwen3.routing_modes import GATEABLE_MODES, ROUTING_MODES
 
 from .presets import PRESETS
 
@@ -189,8 +189,8 @@ class FinetuneConfig:
                 raise CommandError("--from-scratch needs --tokenizer (a tokenizer directory or Hub id)")
             if self.mode is None:
                 raise CommandError(f"--from-scratch needs --mode, one of {', '.join(MODES)}")
-            if self.gate and self.mode not in DELTA_MODES:
-                raise CommandError(f"--gate needs a delta mode ({', '.join(DELTA_MODES)}), not --mode {self.mode}")
+            if self.gate and self.mode not in GATEABLE_MODES:
+                raise CommandError(f"--gate needs a delta mode ({', '.join(GATEABLE_MODES)}), not --mode {self.mode}")
         elif self.preset or self.model_config or self.num_blocks is not None or self.gate:
             raise CommandError("--preset, --model-config, --num-blocks and --gate only apply with --from-scratch")
         if self.freeze_base and self.lora:

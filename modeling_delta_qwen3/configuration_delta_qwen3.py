@@ -3,9 +3,7 @@
 from huggingface_hub.dataclasses import strict
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
-ROUTING_MODES = ("delta", "delta_block", "attnres_full", "attnres_block")
-DELTA_MODES = ("delta", "delta_block")
-BLOCK_MODES = ("delta_block", "attnres_block")
+from .routing_modes import GATEABLE_MODES, ROUTING_MODES
 
 # Written into every saved config.json so that every Auto class resolves to the code saved next to it, whichever
 # class the model was saved from.
@@ -68,9 +66,9 @@ class DeltaQwen3Config(Qwen3Config):
                 f"routing_num_blocks={self.routing_num_blocks} is out of range: it must be between 1 and "
                 f"num_hidden_layers={self.num_hidden_layers}"
             )
-        if self.routing_gate and self.routing_mode not in DELTA_MODES:
+        if self.routing_gate and self.routing_mode not in GATEABLE_MODES:
             raise ValueError(
-                f"routing_gate=True is only allowed with the delta modes ({', '.join(DELTA_MODES)}), "
+                f"routing_gate=True is only allowed with the delta modes ({', '.join(GATEABLE_MODES)}), "
                 f"not with routing_mode={self.routing_mode!r}"
             )
         if getattr(self, "auto_map", None) is None:

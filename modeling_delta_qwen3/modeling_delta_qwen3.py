@@ -51,9 +51,11 @@ try:  # the routing operation's kernels, where Triton is installed
     from .routing_triton import route_backward  # noqa: F401
 except ImportError:
     pass
-from .routing_points import RoutingPoint, gate_in_format
+from .routing_points import RoutingPoint
 from .routing_reference import depth_mix  # noqa: F401
-from .routing import DepthState, check_routing_implementation, plan_routing
+from .routing_modes import ROUTING_MODES, DepthState
+from .routing_sources import Implementation  # noqa: F401
+from .routing import check_routing_implementation, plan_routing
 
 # Transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`. This file is shipped
 # with checkpoints and runs inside whichever Transformers a user has, so it speaks the installed version's name.
@@ -235,7 +237,7 @@ def _check_vllm_compilation(config: DeltaQwen3Config) -> None:
     feeding per-token routing is the pattern that triggers it (docs/SERVING.md). vLLM's eager mode computes the
     right tokens. Models are built by vLLM only with its own attention, which is how this check knows vLLM is
     building it."""
-    if config._attn_implementation != "vllm" or config.routing_mode != "delta_block":
+    if config._attn_implementation != "vllm" or not ROUTING_MODES[config.routing_mode].miscompiled_on_cpu_before_torch_2_14:
         return
     if inductor_orders_out_variant_writes_right():
         return
@@ -274,7 +276,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
         )
         self.final_route = (
             RoutingPoint(config.hidden_size, config.rms_norm_eps, gated=False)
-            if config.routing_mode.startswith("attnres")
+            if ROUTING_MODES[config.routing_mode].final_point
             else None
         )
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)

@@ -24,7 +24,7 @@ from .routing_math import (
     mixture_of,
     routing_weights,
 )
-from .routing_reference import SourceList
+from .routing_sources import SourceList
 
 
 class CompiledSources(SourceList):

@@ -5,7 +5,7 @@ needs CUDA and the package (`pip install 'flash-linear-attention>=0.6,<0.7'`), a
 import torch
 
 from .routing_math import gated_residual
-from .routing_reference import SourceList
+from .routing_sources import SourceList
 
 try:
     from fla.ops.attnres import fused_attnres

@@ -3,22 +3,13 @@ into plain tensors, once per point (`PointTable`, `ResolvedPoint`), which is all
 
 import copy
 from collections.abc import Iterator
-from typing import NamedTuple
 
 import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .routing_math import compute_dtype, point_query
-
-
-class ResolvedPoint(NamedTuple):
-    """A routing point as implementations see it: its place in the order the points run, `w = q * g` `[D]` in the
-    compute dtype, and its gate (None without one)."""
-
-    index: int
-    w: torch.Tensor
-    gate: torch.Tensor | None
+from .routing_sources import ResolvedPoint
 
 
 def gate_in_format(gate: torch.Tensor) -> torch.Tensor:

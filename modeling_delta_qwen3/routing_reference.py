@@ -2,15 +2,14 @@
 against, forward and backward (`tests/routing/test_routing_implementations.py`).
 
 It stacks the sources, RMS-normalises them, scores them against the query, takes the softmax over sources and sums
-the weighted sources, in the order the spec writes it, and shares no code with the fast implementations. Autograd
+the weighted sources, in the order the spec writes it, and shares no maths with the fast implementations. Autograd
 saves a stacked and a normalised copy of the sources at every point, so its training memory grows with the square
 of the depth: it is for checking, not for training large models.
 """
 
-import copy
-from collections.abc import Iterator
-
 import torch
+
+from .routing_sources import SourceList
 
 
 def depth_mix(
@@ -37,36 +36,7 @@ def depth_mix(
     return mix.to(sources[0].dtype), alpha.reshape(len(sources), -1).T
 
 
-class SourceList:
-    """The sources of one forward pass as a list of tensors, each routing point calling `mixture` over them (and
-    over `extra`, a source that point alone reads): `depth_mix` here, another kernel of the same signature in
-    subclasses."""
+class ReferenceSources(SourceList):
+    """The reference implementation: `depth_mix` at every routing point, over the sources kept as a list."""
 
     mixture = staticmethod(depth_mix)
-
-    def __init__(self, h0: torch.Tensor, plan, table):
-        self.eps = plan.eps
-        self.tensors: list[torch.Tensor] = []
-
-    def append(self, x: torch.Tensor) -> None:
-        self.tensors.append(x)
-
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (see `routing.Sources.route`) and the routing weights `[tokens, n_sources]`."""
-        tensors = self.tensors if extra is None else [*self.tensors, extra]
-        return self.mixture(tensors, point.w, self.eps, residual=residual, gate=point.gate)
-
-    def carried(self) -> list[torch.Tensor]:
-        """The tensors routed over (see `DepthState.carried`)."""
-        return list(self.tensors)
-
-    def with_carried(self, tensors: Iterator[torch.Tensor], table) -> "SourceList":
-        """A copy holding the next `len(self.tensors)` of `tensors` in place of its own."""
-        copied = copy.copy(self)
-        copied.tensors = [next(tensors) for _ in self.tensors]
-        return copied
-
-    def to(self, *args, **kwargs) -> "SourceList":
-        moved = copy.copy(self)
-        moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
-        return moved

@@ -13,7 +13,7 @@ from delta_qwen3.output_paths import reporting_write_failure
 from delta_qwen3.texts import documents_content
 from finetune.config import DATA_CONTENT, INVOCATION_OPTIONS, MODES, FinetuneConfig, parse_args, resume_changes
 from finetune.presets import PRESETS
-from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
+from modeling_delta_qwen3.routing_modes import BLOCK_MODES
 
 from .grid import expand_grid
 from .report import format_band_table, format_table, paired_comparisons, summarise, write_pictures

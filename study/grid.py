@@ -6,7 +6,7 @@ from pathlib import Path
 
 from delta_qwen3.atomic import write_json
 from finetune.presets import preset_fields
-from modeling_delta_qwen3.configuration_delta_qwen3 import BLOCK_MODES
+from modeling_delta_qwen3.routing_modes import BLOCK_MODES
 
 
 @dataclass(frozen=True)

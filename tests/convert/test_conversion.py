@@ -16,8 +16,8 @@ from conversion import convert, verify
 from conversion.model_card import ATTNRES_BIBTEX, DELTA_ATTNRES_BIBTEX, PROJECT_URL
 from delta_qwen3.cli import main
 from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
+from modeling_delta_qwen3.routing_modes import GATEABLE_MODES
 
-DELTA_MODES = ["delta", "delta_block"]
 
 
 def read_weights(directory) -> dict[str, torch.Tensor]:
@@ -41,7 +41,7 @@ def converted(tmp_path_factory, qwen3_checkpoint, tied_checkpoint) -> dict:
     files are recorded before and after."""
     root = tmp_path_factory.mktemp("converted")
     before = tree_digest(qwen3_checkpoint)
-    dirs = {mode: convert(qwen3_checkpoint, root / mode, mode=mode, num_blocks=2) for mode in DELTA_MODES}
+    dirs = {mode: convert(qwen3_checkpoint, root / mode, mode=mode, num_blocks=2) for mode in GATEABLE_MODES}
     dirs["tied"] = convert(tied_checkpoint, root / "tied", mode="delta_block", num_blocks=2)
     assert tree_digest(qwen3_checkpoint) == before, "the source was modified"
     return dirs
@@ -72,7 +72,7 @@ print(json.dumps(result))
 
 @pytest.mark.slow
 def test_converted_logits_equal_source_in_fresh_interpreter(converted, qwen3_checkpoint, tied_checkpoint, tmp_path):
-    pairs = {mode: (str(qwen3_checkpoint), str(converted[mode])) for mode in DELTA_MODES}
+    pairs = {mode: (str(qwen3_checkpoint), str(converted[mode])) for mode in GATEABLE_MODES}
     pairs["tied"] = (str(tied_checkpoint), str(converted["tied"]))
     result = last_json_line(run_without_project(LOAD_AND_COMPARE.format(pairs=json.dumps(pairs)), cwd=tmp_path).stdout)
     for name, values in result.items():

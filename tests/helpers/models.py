@@ -8,18 +8,16 @@ from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 from .spec_reference import randomize_routing
 
 TINY_VOCAB = 512
-MODES = ["delta", "delta_block", "attnres_full", "attnres_block"]
-# (mode, gated): every mode, and the gate where it exists.
+MODES = list(ROUTING_MODES)
 # Five layers, so that 2 and 3 blocks give uneven blocks; weights large enough that routing changes the logits.
 SHAPE = dict(num_hidden_layers=5, initializer_range=0.1)
-VARIANTS = [("delta", False), ("delta", True), ("delta_block", False), ("delta_block", True)] + [
-    ("attnres_full", False),
-    ("attnres_block", False),
-]
+# (mode, gated): every mode, and the gate where it exists.
+VARIANTS = [(mode, gated) for mode in MODES for gated in ((False, True) if ROUTING_MODES[mode].gateable else (False,))]
 
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:
@@ -60,7 +58,7 @@ def save_random_delta(path: Path, mode: str, **overrides) -> DeltaQwen3ForCausal
     `overrides` change the Qwen3 shape."""
     fields = tiny_qwen3_config(initializer_range=0.1, **overrides).to_dict()
     fields.pop("model_type")
-    gated = mode.startswith("delta")
+    gated = ROUTING_MODES[mode].gateable
     torch.manual_seed(0)
     model = DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated, routing_num_blocks=2))
     randomize_routing(model.eval())

@@ -8,6 +8,8 @@ import copy
 
 import torch
 
+from benchmarks.routing_parameters import randomize_routing  # noqa: F401  (the tests' helpers import it from here)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -92,19 +94,3 @@ def reference_forward(model, input_ids: torch.Tensor) -> tuple[torch.Tensor, lis
             raise ValueError(mode)
         logits = model.lm_head(inner.norm(final))
     return logits, log
-
-
-def randomize_routing(model, seed: int = 0, scale: float = 0.3) -> None:
-    """Give every routing parameter a non-trivial value, so that no part of the maths hides behind its init."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "_route." not in name:
-                continue
-            noise = torch.randn(param.shape, generator=generator)
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.3 * noise)
-            elif name.endswith("gate"):
-                param.copy_(0.5 * noise)
-            else:
-                param.copy_(scale * noise)

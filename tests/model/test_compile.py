@@ -10,6 +10,7 @@ from helpers.models import MODES, delta_config, token_ids
 from helpers.spec_reference import randomize_routing
 
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ def fresh_compilation_caches():
 def tiny_model(mode: str) -> DeltaQwen3ForCausalLM:
     """Two layers, two blocks, routing parameters random: each routing mechanism of the mode is there once."""
     torch.manual_seed(0)
-    model = DeltaQwen3ForCausalLM(delta_config(mode, mode.startswith("delta"), num_hidden_layers=2))
+    model = DeltaQwen3ForCausalLM(delta_config(mode, ROUTING_MODES[mode].gateable, num_hidden_layers=2))
     randomize_routing(model)
     return model
 
@@ -84,7 +85,7 @@ def test_compiled_block_modes_with_blocks_of_several_layers_equal_eager():
     for mode in ("delta_block", "attnres_block"):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = DeltaQwen3ForCausalLM(delta_config(mode, mode.startswith("delta"), num_hidden_layers=4)).eval()
+        model = DeltaQwen3ForCausalLM(delta_config(mode, ROUTING_MODES[mode].gateable, num_hidden_layers=4)).eval()
         randomize_routing(model)
         assert model.config.layers_per_block == 2
         with torch.no_grad():

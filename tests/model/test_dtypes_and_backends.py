@@ -4,6 +4,7 @@ decoding step, to bfloat16's precision)."""
 import pytest
 import torch
 from helpers.models import MODES, random_model, token_ids
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -12,7 +13,7 @@ def test_sdpa_and_eager_agree(mode):
     replacement routing (AttnRes) amplifies through depth to ~1e-5 at these logits (magnitude ~3); a mask or a
     position handled differently would differ by orders of magnitude more. (In float64 the eager backend turns the
     left-padded sequence into NaN.)"""
-    model = random_model(mode, gated=mode.startswith("delta"))
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable)
     ids = token_ids()
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding in the second row
@@ -26,7 +27,7 @@ def test_sdpa_and_eager_agree(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_bfloat16_forward_and_backward(mode):
-    model = random_model(mode, gated=mode.startswith("delta")).train()
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable).train()
     ids = token_ids()
     reference = model(ids).logits
     model = model.to(torch.bfloat16)
@@ -43,7 +44,7 @@ def test_bfloat16_forward_and_backward(mode):
 def test_bfloat16_decoding_step(mode):
     """A bfloat16 decoding step (routing in float32 on bfloat16 sources) gives the full forward pass's last logits,
     to bfloat16's precision."""
-    model = random_model(mode, gated=mode.startswith("delta")).to(torch.bfloat16)
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable).to(torch.bfloat16)
     ids = token_ids(batch=1, seq=7)
     with torch.no_grad():
         full = model(ids).logits[:, -1:]

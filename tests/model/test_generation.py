@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from helpers.models import MODES, random_model, token_ids
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -14,7 +15,7 @@ from helpers.models import MODES, random_model, token_ids
 def test_decoding_step_matches_full_forward(mode, batch):
     """A decoding step (one position per sequence: per-point logits, and single-batch products for a single
     sequence) gives the last position's logits and routing weights of a full forward pass."""
-    model = random_model(mode, gated=mode.startswith("delta"), scale=1.0).double()
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable, scale=1.0).double()
     ids = token_ids(batch=batch, seq=7)
     with torch.no_grad():
         full = model(ids, output_routing_weights=True)
@@ -31,7 +32,7 @@ def test_decoding_steps_depend_on_their_arguments_alone(mode):
     """Each decoding step gives the full forward pass's logits, also from a deep copy of the cache (a prompt's cache
     reused for several continuations); the cache holds the keys and values only: nothing of the routing is kept
     from step to step, so an exported decoding step computes the same."""
-    model = random_model(mode, gated=mode.startswith("delta"), scale=1.0).double()
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable, scale=1.0).double()
     ids = token_ids(batch=1, seq=9)
     with torch.no_grad():
         cache = model(ids[:, :5], use_cache=True).past_key_values
@@ -47,7 +48,7 @@ def test_decoding_steps_depend_on_their_arguments_alone(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_generate_with_and_without_cache(mode):
-    model = random_model(mode, gated=mode.startswith("delta"), scale=1.0)
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable, scale=1.0)
     prompt = token_ids(batch=1, seq=6)
     kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=2, eos_token_id=None)
     cached = model.generate(prompt, use_cache=True, **kwargs)
@@ -72,7 +73,7 @@ def test_generate_with_and_without_cache(mode):
 
 @pytest.mark.parametrize("mode", ["delta_block", "attnres_full"])
 def test_left_padded_batch_generates_like_single_rows(mode):
-    model = random_model(mode, gated=mode.startswith("delta"), scale=3.0)
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable, scale=3.0)
     short, long = token_ids(batch=1, seq=4, seed=5)[0], token_ids(batch=1, seq=9, seed=6)[0]
     pad = 2
     batch = torch.full((2, 9), pad)

@@ -8,11 +8,12 @@ from helpers.spec_reference import randomize_routing
 from transformers import Qwen3ForCausalLM
 
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.routing_modes import GATEABLE_MODES, ROUTING_MODES
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_parameter_names_shapes_and_init(mode):
-    gated = mode.startswith("delta")
+    gated = ROUTING_MODES[mode].gateable
     config = delta_config(mode, gated)
     model = DeltaQwen3ForCausalLM(config)
     routing = {name: p for name, p in model.state_dict().items() if "_route." in name}
@@ -22,7 +23,7 @@ def test_parameter_names_shapes_and_init(mode):
             expected |= {f"model.layers.{i}.{kind}_route.query", f"model.layers.{i}.{kind}_route.norm.weight"}
             if gated:
                 expected.add(f"model.layers.{i}.{kind}_route.gate")
-    if mode.startswith("attnres"):
+    if ROUTING_MODES[mode].final_point:
         expected |= {"model.final_route.query", "model.final_route.norm.weight"}
     assert set(routing) == expected
     for name, value in routing.items():
@@ -33,7 +34,7 @@ def test_parameter_names_shapes_and_init(mode):
     assert set(model.state_dict()) - expected == qwen3_names
 
 
-@pytest.mark.parametrize("mode", ["delta", "delta_block"])
+@pytest.mark.parametrize("mode", GATEABLE_MODES)
 @pytest.mark.parametrize("tied", [False, True])
 def test_gated_zero_init_reproduces_qwen3(mode, tied):
     torch.manual_seed(0)
@@ -57,7 +58,7 @@ def test_ungated_zero_init_adds_the_mean_of_the_sources():
     ids = token_ids()
     expected = qwen3(ids).logits
     differences = {}
-    for mode in ("delta", "delta_block"):
+    for mode in GATEABLE_MODES:
         ungated = DeltaQwen3ForCausalLM(delta_config(mode, gated=False)).eval()
         ungated.load_state_dict(qwen3.state_dict(), strict=False)
         differences[mode] = (ungated(ids).logits - expected).abs().max().item()

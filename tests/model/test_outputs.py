@@ -7,6 +7,7 @@ from helpers.models import MODES, SHAPE, delta_config, random_model, tiny_qwen3_
 from transformers import Qwen3ForCausalLM
 
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.routing_modes import GATEABLE_MODES, ROUTING_MODES
 
 
 def test_return_dict_false_gives_tuple():
@@ -17,7 +18,7 @@ def test_return_dict_false_gives_tuple():
     assert torch.equal(as_tuple[0], logits)
 
 
-@pytest.mark.parametrize("mode", ["delta", "delta_block"])
+@pytest.mark.parametrize("mode", GATEABLE_MODES)
 def test_converted_model_hidden_states_and_attentions_are_qwen3s(mode):
     """A gated model with Qwen3's weights and zero-initialised routing returns Qwen3's `num_hidden_layers + 1` hidden
     states (the last after the final norm) and its eager attention weights."""
@@ -52,7 +53,7 @@ def sublayer_io(model) -> dict[str, list[torch.Tensor]]:
 def test_hidden_states_are_the_layer_boundaries(mode):
     """Delta modes: the residual stream entering each layer, `h_0` plus every earlier sublayer's output. AttnRes
     modes: each layer's routed attention input. Then the final norm's output; attention weights under eager."""
-    model = random_model(mode, gated=mode.startswith("delta"))
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable)
     model.set_attn_implementation("eager")
     records = sublayer_io(model)
     ids = token_ids()
@@ -63,12 +64,12 @@ def test_hidden_states_are_the_layer_boundaries(mode):
     torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state, atol=0, rtol=0)
     stream = out.hidden_states[0]
     for i in range(layers):
-        expected = stream if mode.startswith("delta") else records["attn_input"][i]
+        expected = stream if ROUTING_MODES[mode].residual_stream else records["attn_input"][i]
         torch.testing.assert_close(out.hidden_states[i], expected, atol=1e-5, rtol=0)
         stream = stream + records["attn_output"][i] + records["mlp_output"][i]
         assert out.attentions[i].shape == (2, 4, 11, 11)
         torch.testing.assert_close(out.attentions[i], records["attn_weights"][i], atol=0, rtol=0)
         torch.testing.assert_close(out.attentions[i].sum(-1), torch.ones(2, 4, 11))
-    assert not mode.startswith("delta") or (out.hidden_states[2] - records["attn_input"][2]).abs().max() > 1e-3
+    assert not ROUTING_MODES[mode].residual_stream or (out.hidden_states[2] - records["attn_input"][2]).abs().max() > 1e-3
     as_tuple = model(ids, output_hidden_states=True, return_dict=False, use_cache=False)
     assert len(as_tuple[1]) == layers + 1

@@ -13,6 +13,7 @@ from helpers.running import last_json_line, run_without_project
 from packaging.version import Version
 
 from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 PROMPT = [[5, 17, 99, 230, 41, 8]]
 
@@ -37,7 +38,7 @@ print(json.dumps({{
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["delta", "delta_block", "attnres_full", "attnres_block"])
+@pytest.mark.parametrize("mode", list(ROUTING_MODES))
 def test_loads_with_trust_remote_code_without_the_project(tmp_path, mode):
     model = save_random_delta(tmp_path / "model", mode)
     files = sorted(p.name for p in (tmp_path / "model").iterdir())

@@ -11,7 +11,7 @@ import torch
 from helpers.models import save_random_delta
 from torch import nn
 
-from modeling_delta_qwen3.configuration_delta_qwen3 import ROUTING_MODES
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 from modeling_delta_qwen3.routing import IMPLEMENTATIONS
 from modeling_delta_qwen3.routing_points import RoutingPoint
 

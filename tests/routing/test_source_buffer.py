@@ -10,8 +10,9 @@ import pytest
 import torch
 from helpers.models import MODES, random_model, token_ids
 
-from modeling_delta_qwen3 import routing, routing_buffer, routing_points
+from modeling_delta_qwen3 import routing_buffer, routing_points
 from modeling_delta_qwen3.routing import RoutingPlan
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 from modeling_delta_qwen3.routing_points import PointTable, RoutingPoint, stacked_gates, stacked_queries
 from modeling_delta_qwen3.routing_buffer import buffer_sources
 
@@ -30,7 +31,7 @@ def buffer_over(points: list, like: torch.Tensor, capacity: int, upfront: bool):
             patch.setattr(routing_points, "stacked_queries", lambda points, like: None)
             patch.setattr(routing_points, "stacked_gates", lambda points, like: None)
         table = PointTable(points, like)
-    plan = RoutingPlan("buffer", routing.DeltaState, points, capacity, eps=1e-6, grad=torch.is_grad_enabled(),
+    plan = RoutingPlan("buffer", ROUTING_MODES["delta"], points, capacity, eps=1e-6, grad=torch.is_grad_enabled(),
                        compiling=False)
     return buffer_sources(like, plan, table), table
 

@@ -18,7 +18,7 @@ from helpers.paths import REPO_ROOT, VLLM_PYTHON
 from helpers.running import isolated_env, run_without_project
 from transformers import Qwen3ForCausalLM
 
-from modeling_delta_qwen3.configuration_delta_qwen3 import ROUTING_MODES
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 RUNNER = REPO_ROOT / "benchmarks" / "vllm_runner.py"
 

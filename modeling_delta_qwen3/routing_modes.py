@@ -1,0 +1,273 @@
+"""The routing modes (SPEC section 2), each declared once: what it declares (`RoutingMode`), and the depth state
+its forward pass carries from layer to layer (`DepthState` and one subclass per mode). Everything that depends on
+the mode reads `ROUTING_MODES`; no other code compares mode names.
+
+Sublayer `s` (`2i` = layer i's attention, `2i+1` its MLP) computes `v_s = f_s(h_hat_s)`. The modes differ only in
+which sources exist, when they are added, and whether the routed mixture is added to a residual stream or
+replaces it:
+
+    delta          h_hat_s = h_s + gamma_s * mix_s([h_0, v_0, ..., v_{s-1}])         h_{s+1} = h_s + v_s
+    delta_block    h_hat_s = h_s + gamma_s * mix_s([h_0, Delta_1, ..., Delta_k])     Delta_k = H_k - H_{k-1}
+    attnres_full   h_hat_s = mix_s([h_0, v_0, ..., v_{s-1}]);    output = mix_final(all sources)
+    attnres_block  h_hat_s = mix_s([B_0, ..., B_{j-1}, P]);     output = mix_final([B_0, ..., B_last])
+
+Sublayer 0 is never routed: its input is `h_0`. Only the modes with a residual stream have gates, so every point
+computes `residual + gamma * mix` with the residual 0 and `gamma` 1 where a mode has none.
+
+Adding a mode: its `DepthState` subclass and its `RoutingMode` entry here, and its spec in SPEC section 2; the
+configuration, conversion, model card, tests and benchmarks take it from `ROUTING_MODES` (docs/DESIGN.md).
+"""
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+# The configuration imports this module, which therefore imports no other file of the package (remote code copies
+# a file's imports with it): `PointTable`, `RoutingPoint` (routing_points.py) and `Sources` (routing_sources.py) are
+# named in annotations only.
+
+
+def _blocks_formed(config) -> int:
+    """How many blocks the layers form: fewer than `routing_num_blocks` when `layers_per_block` is rounded up."""
+    return -(-config.num_hidden_layers // config.layers_per_block)
+
+
+class DepthState:
+    """What one forward pass carries over depth: the points' parameters (`PointTable`), the sources routed over
+    (made by the plan's implementation), the routing weights so far, and each mode's own tensors.
+
+    Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
+    """
+
+    # The tensors of the state's own, besides its table's and its sources' (`carried`); subclasses add theirs.
+    TENSORS: tuple[str, ...] = ("h0",)
+
+    def __init__(self, h0: torch.Tensor, config, points: int, table: "PointTable", sources: "Sources"):
+        """`points`: how many routing points the forward pass runs; `table`: their parameters; `sources`: made by
+        the plan's implementation, empty."""
+        self.layers_per_block = config.layers_per_block
+        self.table, self.sources = table, sources
+        self.routing_weights: list[torch.Tensor] = []
+        self.h0 = h0
+        self.sources.append(h0)
+
+    @staticmethod
+    def capacity(config) -> int:
+        """The most sources this mode holds at once."""
+        return 2 * config.num_hidden_layers + 1
+
+    def starts_block(self, layer_idx: int) -> bool:
+        return layer_idx > 0 and layer_idx % self.layers_per_block == 0
+
+    def _route(self, residual=None, extra=None) -> torch.Tensor:
+        """Routes the next point: the points run in the plan's order, one routing weight tensor each."""
+        point = self.table.resolve(len(self.routing_weights))
+        routed, weights = self.sources.route(point, residual, extra)
+        self.routing_weights.append(weights)
+        return routed
+
+    def routing_weights_by_token(self) -> tuple[torch.Tensor, ...]:
+        """Every point's routing weights so far, shaped `[batch, seq, n_sources]` (they are kept `[tokens,
+        n_sources]` and shaped only when asked for: generation never asks)."""
+        return tuple(weights.view(*self.h0.shape[:-1], weights.shape[-1]) for weights in self.routing_weights)
+
+    def enter_layer(self, layer_idx: int) -> None:
+        """Called before layer `layer_idx` routes its attention input."""
+
+    def routed_input(self, point: "RoutingPoint | None") -> torch.Tensor:
+        """The input `h_hat_s` of the next sublayer, whose routing point is `point`: None for sublayer 0, which is
+        never routed. The points run in the plan's order, so the state knows which one runs next."""
+        raise NotImplementedError
+
+    def layer_hidden_state(self, attn_input: torch.Tensor) -> torch.Tensor:
+        """The hidden state of the layer whose routed attention input is `attn_input` (`output_hidden_states`):
+        that input itself in the AttnRes modes, which have no residual stream."""
+        return attn_input
+
+    def add_output(self, v: torch.Tensor) -> None:
+        """Hand back the output `v_s` of the sublayer that just ran."""
+        raise NotImplementedError
+
+    def final_hidden(self) -> torch.Tensor:
+        """The hidden state that goes into the final norm (through the final point in the AttnRes modes)."""
+        raise NotImplementedError
+
+    def carried(self) -> list[torch.Tensor]:
+        """Every tensor the state holds that gradients flow through, in an order `with_carried` takes them back in."""
+        own = (getattr(self, name) for name in self.TENSORS)
+        return [*self.table.carried(), *self.sources.carried(), *(tensor for tensor in own if tensor is not None)]
+
+    def with_carried(self, tensors: Iterable[torch.Tensor]) -> "DepthState":
+        """A copy of the state holding `tensors` in place of `carried()`: what a layer recomputed by gradient
+        checkpointing works on, so that the state it was given stays as it was."""
+        tensors = iter(tensors)
+        copied = copy.copy(self)
+        copied.table = self.table.with_carried(tensors)
+        copied.sources = self.sources.with_carried(tensors, copied.table)
+        for name in self.TENSORS:
+            if getattr(self, name) is not None:
+                setattr(copied, name, next(tensors))
+        copied.routing_weights = list(self.routing_weights)
+        if next(tensors, None) is not None:
+            raise ValueError("more tensors than the depth state carries")
+        return copied
+
+    def to(self, *args, **kwargs) -> "DepthState":
+        """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
+        moved = copy.copy(self)
+        moved.table, moved.sources = self.table.to(*args, **kwargs), self.sources.to(*args, **kwargs)
+        for name in self.TENSORS:
+            if getattr(self, name) is not None:
+                setattr(moved, name, getattr(self, name).to(*args, **kwargs))
+        return moved
+
+
+class _AdditiveState(DepthState):
+    """Delta modes: the ordinary residual stream is kept and the routed mixture is added to it."""
+
+    TENSORS = (*DepthState.TENSORS, "hidden")
+
+    def __init__(self, h0, config, points, table, sources):
+        super().__init__(h0, config, points, table, sources)
+        self.hidden = h0
+
+    def routed_input(self, point):
+        if point is None:
+            return self.hidden
+        return self._route(residual=self.hidden)
+
+    def layer_hidden_state(self, attn_input):
+        """The residual stream at the layer boundary, as in Qwen3."""
+        return self.hidden
+
+    def final_hidden(self):
+        return self.hidden
+
+
+class DeltaState(_AdditiveState):
+    """`delta`: every sublayer's output is a source, except the last one, which no routing point reads."""
+
+    def __init__(self, h0, config, points, table, sources):
+        super().__init__(h0, config, points, table, sources)
+        # Each point reads the outputs of the sublayers before its own: the last sublayer's output, no point.
+        self.outputs_to_keep = points
+
+    @staticmethod
+    def capacity(config):
+        return 2 * config.num_hidden_layers
+
+    def add_output(self, v):
+        self.hidden = self.hidden + v
+        if self.outputs_to_keep:
+            self.sources.append(v)
+            self.outputs_to_keep -= 1
+
+
+class DeltaBlockState(_AdditiveState):
+    """`delta_block`: the change of the residual stream over each finished block is a source, visible from the
+    next block's first attention sublayer on."""
+
+    TENSORS = (*_AdditiveState.TENSORS, "block_start")
+
+    def __init__(self, h0, config, points, table, sources):
+        super().__init__(h0, config, points, table, sources)
+        self.block_start = h0
+
+    @staticmethod
+    def capacity(config):
+        return _blocks_formed(config)
+
+    def enter_layer(self, layer_idx):
+        if self.starts_block(layer_idx):
+            self.sources.append(self.hidden - self.block_start)
+            self.block_start = self.hidden
+
+    def add_output(self, v):
+        self.hidden = self.hidden + v
+
+
+class AttnResFullState(DepthState):
+    """`attnres_full`: no residual stream; each sublayer reads a mixture of the embedding and all earlier outputs."""
+
+    def routed_input(self, point):
+        if point is None:
+            return self.h0
+        return self._route()
+
+    def add_output(self, v):
+        self.sources.append(v)
+
+    def final_hidden(self):
+        return self._route()
+
+
+class AttnResBlockState(DepthState):
+    """`attnres_block`: sources are the embedding and finished block sums `B_j`, plus the running partial sum `P`
+    of the current block."""
+
+    TENSORS = (*DepthState.TENSORS, "partial")
+
+    def __init__(self, h0, config, points, table, sources):
+        super().__init__(h0, config, points, table, sources)
+        self.partial: torch.Tensor | None = None
+
+    @staticmethod
+    def capacity(config):
+        return 1 + _blocks_formed(config)
+
+    def _close_block(self):
+        if self.partial is not None:
+            self.sources.append(self.partial)
+            self.partial = None
+
+    def enter_layer(self, layer_idx):
+        if self.starts_block(layer_idx):
+            self._close_block()
+
+    def routed_input(self, point):
+        if point is None:
+            return self.h0
+        return self._route(extra=self.partial)
+
+    def add_output(self, v):
+        self.partial = v if self.partial is None else self.partial + v
+
+    def final_hidden(self):
+        self._close_block()
+        return self._route()
+
+
+@dataclass(frozen=True)
+class RoutingMode:
+    """What a routing mode declares: its depth state; whether the routed mixture is added to a residual stream
+    (else it replaces it); whether its sources are blocks of layers (`routing_num_blocks`); whether its points may
+    be gated (`routing_gate`: only with a residual stream); whether a final routing point mixes the sources into the
+    last hidden state; and whether Inductor on the CPU before PyTorch 2.14 computes it wrong, which vLLM's
+    compiled mode meets (docs/SERVING.md)."""
+
+    name: str
+    state: type[DepthState]
+    residual_stream: bool
+    blocks: bool
+    final_point: bool
+    miscompiled_on_cpu_before_torch_2_14: bool = False
+
+    @property
+    def gateable(self) -> bool:
+        return self.residual_stream
+
+
+ROUTING_MODES: dict[str, RoutingMode] = {
+    mode.name: mode
+    for mode in (
+        RoutingMode("delta", DeltaState, residual_stream=True, blocks=False, final_point=False),
+        RoutingMode("delta_block", DeltaBlockState, residual_stream=True, blocks=True, final_point=False,
+                    miscompiled_on_cpu_before_torch_2_14=True),
+        RoutingMode("attnres_full", AttnResFullState, residual_stream=False, blocks=False, final_point=True),
+        RoutingMode("attnres_block", AttnResBlockState, residual_stream=False, blocks=True, final_point=True),
+    )
+}
+GATEABLE_MODES = tuple(name for name, mode in ROUTING_MODES.items() if mode.gateable)
+BLOCK_MODES = tuple(name for name, mode in ROUTING_MODES.items() if mode.blocks)

@@ -1,0 +1,105 @@
+"""What every routing implementation shares, and nothing of any one of them: the sources of a forward pass as an
+implementation makes them (`Sources`), the routing point as it sees it (`ResolvedPoint`), what the registry knows of
+it (`Implementation`), and sources kept as a list, for the implementations that call one function per point
+(`SourceList`). Implementations import this module and `routing_math`, never each other or the reference.
+"""
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from .routing_points import PointTable, RoutingPoint
+
+
+class ResolvedPoint(NamedTuple):
+    """A routing point as implementations see it: its place in the order the points run, `w = q * g` `[D]` in the
+    compute dtype, and its gate (None without one)."""
+
+    index: int
+    w: torch.Tensor
+    gate: torch.Tensor | None
+
+
+class SourcesPlan(Protocol):
+    """What an implementation reads of a forward pass's plan (`routing.RoutingPlan`): the routing points in the order
+    they run, the most sources held at once, RMSNorm's eps, whether autograd records the pass and whether
+    `torch.compile` traces it."""
+
+    points: "list[RoutingPoint]"
+    capacity: int
+    eps: float
+    grad: bool
+    compiling: bool
+
+
+class Sources(Protocol):
+    """The sources of one forward pass, made by an implementation as `sources(h0, plan, table)` (`h0` is not yet
+    appended), and the routing of each point over them."""
+
+    def append(self, x: torch.Tensor) -> None:
+        """Adds a source, shaped like `h0`."""
+
+    def route(
+        self, point: ResolvedPoint, residual: torch.Tensor | None = None, extra: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gate * mix` (the residual 0 and the gate 1 when None) over the sources and `extra`, a source
+        this point alone reads; and the routing weights `[tokens, n_sources]`."""
+
+    def to(self, *args, **kwargs) -> "Sources":
+        """The sources moved like `Tensor.to` (accelerate's device hooks move the depth state between layers)."""
+
+    # Only implementations that route layers recomputed by gradient checkpointing (where `Implementation.not_recomputable` is None):
+    def carried(self) -> list[torch.Tensor]:
+        """Every tensor held that gradients flow through, in the order `with_carried` takes them back."""
+
+    def with_carried(self, tensors: Iterator[torch.Tensor], table: "PointTable") -> "Sources":
+        """A copy holding the next of `tensors` in place of `carried()`, and the points' parameters of `table`."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A routing implementation: how it makes a forward pass's `Sources`, why it cannot route hidden states like a
+    given tensor (None when it can), and, where it cannot route layers that gradient checkpointing recomputes, why."""
+
+    sources: Callable[[torch.Tensor, SourcesPlan, "PointTable"], Sources]
+    unavailable: Callable[[torch.Tensor], str | None] = lambda like: None
+    not_recomputable: str | None = None
+
+
+class SourceList:
+    """The sources of one forward pass as a list of tensors, each routing point calling `mixture` over them (and
+    over `extra`, a source that point alone reads): a function of `routing_reference.depth_mix`'s signature, which
+    each subclass sets."""
+
+    mixture: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def __init__(self, h0: torch.Tensor, plan, table):
+        self.eps = plan.eps
+        self.tensors: list[torch.Tensor] = []
+
+    def append(self, x: torch.Tensor) -> None:
+        self.tensors.append(x)
+
+    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + gamma * mix` (see `routing.Sources.route`) and the routing weights `[tokens, n_sources]`."""
+        tensors = self.tensors if extra is None else [*self.tensors, extra]
+        return self.mixture(tensors, point.w, self.eps, residual=residual, gate=point.gate)
+
+    def carried(self) -> list[torch.Tensor]:
+        """The tensors routed over (see `DepthState.carried`)."""
+        return list(self.tensors)
+
+    def with_carried(self, tensors: Iterator[torch.Tensor], table) -> "SourceList":
+        """A copy holding the next `len(self.tensors)` of `tensors` in place of its own."""
+        copied = copy.copy(self)
+        copied.tensors = [next(tensors) for _ in self.tensors]
+        return copied
+
+    def to(self, *args, **kwargs) -> "SourceList":
+        moved = copy.copy(self)
+        moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
+        return moved
