@@ -2,8 +2,8 @@
 the decoding measurement of `routing_overhead.py` (the two models' forward passes alternating one token at a time,
 their common weights shared), with its details printed.
 
-    python benchmarks/decode_steps.py                       # Delta AttnRes and Delta Block
-    python benchmarks/decode_steps.py --modes delta --rounds 5
+    python -m benchmarks.decode_steps                       # Delta AttnRes and Delta Block
+    python -m benchmarks.decode_steps --modes delta --rounds 5
 """
 
 import argparse
@@ -11,8 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-# Run as a script: this folder is on the path.
-from routing_overhead import (
+from benchmarks.routing_overhead import (
     DECODE_SHAPES,
     GreedyDecoder,
     _share_base_weights,

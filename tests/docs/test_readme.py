@@ -85,7 +85,7 @@ def _parse_with_script_main(module_name: str, argv: list[str]) -> None:
         raise _Parsed
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(REPO_ROOT / "benchmarks"))  # as when run: the scripts import each other
+        patch.syspath_prepend(str(REPO_ROOT / "benchmarks"))  # as when run as a script: its folder is on the path
         module = importlib.import_module(module_name)
         patch.setattr(sys, "argv", [module_name, *argv])
         patch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
@@ -120,7 +120,9 @@ def _parse_gpu_check(argv: list[str]) -> None:
 Parser = Callable[[list[str]], None]
 # `python -m NAME` for the project's runnable packages and modules.
 MODULES: dict[str, Parser] = {"finetune": _parse_finetune, "demo": _parse_demo,
-                              "benchmarks.gpu_check": _parse_gpu_check}
+                              "benchmarks.gpu_check": _parse_gpu_check,
+                              "benchmarks.decode_steps": functools.partial(_parse_with_script_main,
+                                                                           "benchmarks.decode_steps")}
 
 
 def _python_module(command: Command, module: str, args: list[str]) -> tuple[str, Parser, list[str]] | None:
@@ -201,7 +203,7 @@ def test_readme_command_parses_with_the_programs_own_parser(command, capsys, exa
 def test_readmes_show_every_kind_of_project_command():
     """The extraction finds the commands the READMEs are known to hold, so it cannot silently find none."""
     programs = [project_program(command) for command in COMMANDS if command.argv[0] != "make"]
-    assert {"delta-qwen3", "python -m finetune", "benchmarks/routing_overhead.py", "benchmarks/decode_steps.py",
+    assert {"delta-qwen3", "python -m finetune", "benchmarks/routing_overhead.py", "python -m benchmarks.decode_steps",
             "benchmarks/convert_memory.py", "benchmarks/data_mixing.py"} <= {
         program[0] for program in programs if program
     }

@@ -74,7 +74,7 @@ def test_routing_overhead_measures_the_chosen_part_of_the_table(tmp_path):
 
 @pytest.mark.slow
 def test_decode_steps_reports_every_mode():
-    command = [sys.executable, "benchmarks/decode_steps.py", "--shape", "small", "--rounds", "1", "--prompt", "8"]
+    command = [sys.executable, "-m", "benchmarks.decode_steps", "--shape", "small", "--rounds", "1", "--prompt", "8"]
     completed = subprocess.run(command, cwd=REPO_ROOT, env=isolated_env(), capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     lines = completed.stdout.strip().splitlines()
