@@ -1,7 +1,7 @@
 """DeltaQwen3: Qwen3 with Delta Attention Residuals (arXiv 2605.18855).
 
 Qwen3's attention, MLP, norms and rotary embedding are used unchanged; each decoder layer only asks the depth state
-(see `routing.py`) for its sublayers' inputs and hands their outputs back. With zero queries, unit norm weights and
+(`routing_modes.py`) for its sublayers' inputs and hands their outputs back. With zero queries, unit norm weights and
 zero gates a gated delta model computes exactly what the Qwen3 model with the same weights computes.
 """
 

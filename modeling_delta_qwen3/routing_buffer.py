@@ -26,7 +26,7 @@ The training regime's backward pass:
   and its per-token coefficients, and a source's gradient is assembled in one batched product when autograd
   reaches the source: after every point that reads it, because each point takes the latest source's `token`, and
   each source's token is an input of the next source's.
-- When every point's `w_p` is known before the forward pass (`routing.PointTable` stacks them when the parameters
+- When every point's `w_p` is known before the forward pass (`routing_points.PointTable` stacks them when the parameters
   are ordinary tensors on one device, not sharded or offloaded), each source's logits `r_j (x_j . w_p)` against
   all later points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one
   more when its gradient is assembled: both read the source while it is in cache, instead of once more at every
@@ -61,7 +61,7 @@ from .routing_math import logits as point_logits
 
 
 def buffer_sources(h0: torch.Tensor, plan, table):
-    """The buffer's sources for a forward pass from `h0` (see `routing.Sources`), in the regime of that pass. Under
+    """The buffer's sources for a forward pass from `h0` (see `routing_sources.Sources`), in the regime of that pass. Under
     `torch.compile` they append and route eagerly between the compiled graphs: the training regime's autograd
     functions keep state from call to call, which Dynamo cannot trace."""
     if plan.grad:
@@ -218,7 +218,7 @@ class PromptBuffer(_ManyTokenStorage):
         self.write(x)
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing.Sources.route`."""
+        """See `routing_sources.Sources.route`."""
         routed, alpha = self.mix(point, residual, extra)[:2]
         return routed, alpha.T
 
@@ -267,7 +267,7 @@ class TrainingBuffer:
         self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing.Sources.route`."""
+        """See `routing_sources.Sources.route`."""
         return _Route.apply(self.storage, self.token, residual, point.gate, point.w, extra, point)
 
     def to(self, *args, **kwargs) -> "TrainingBuffer":
@@ -321,7 +321,7 @@ class OneTokenBuffer:
         self.count += 1
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing.Sources.route`. `extra` is written into the slot after the sources, which the next source
+        """See `routing_sources.Sources.route`. `extra` is written into the slot after the sources, which the next source
         takes."""
         n, p = self.count, point.index
         if extra is not None:

@@ -3,7 +3,7 @@
 compiles the whole forward and backward pass into one graph.
 
 Each source is scored against every routing point once, when it is appended: `r_j (x_j . w_p)` for all points `p`
-in one matrix product, with the points' `w_p = q_p * g_p` stacked in the order they run (`routing.PointTable`). A
+in one matrix product, with the points' `w_p = q_p * g_p` stacked in the order they run (`routing_points.PointTable`). A
 routing point then only takes the softmax of its column of those logits and sums its sources, one by one, never
 stacked: one read of each source per point forward, and autograd saves nothing of a source's size per point (the
 sources exist anyway), so training memory stays linear in depth. Where the points' parameters are not
@@ -29,7 +29,7 @@ from .routing_sources import SourceList
 
 class CompiledSources(SourceList):
     """The sources as a list, each with its logits against every routing point (`[points, tokens]`, or None where
-    the points' parameters are not stacked up front: see `routing.PointTable`)."""
+    the points' parameters are not stacked up front: see `routing_points.PointTable`)."""
 
     def __init__(self, h0: torch.Tensor, plan, table):
         super().__init__(h0, plan, table)
@@ -51,7 +51,7 @@ class CompiledSources(SourceList):
         self.source_logits.append(None if self.queries is None else logits_against_points(self.queries, *self._rows(x)))
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing.Sources.route`."""
+        """See `routing_sources.Sources.route`."""
         tensors = self.tensors if extra is None else [*self.tensors, extra]
         scores = [*self.source_logits, None] if extra is not None else self.source_logits
         scores = [self._score(x, point.w) if s is None else s[point.index] for x, s in zip(tensors, scores)]

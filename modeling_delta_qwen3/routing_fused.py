@@ -55,7 +55,7 @@ class FusedSources:
         self.count += 1
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing.Sources.route`."""
+        """See `routing_sources.Sources.route`."""
         if self.grad:
             return RouteFunction.apply(self.prefix, self.count, extra, point.w, point.gate, residual, self.eps)
         return route(self.buffer, self.count, extra, point.w, point.gate, residual, self.eps)

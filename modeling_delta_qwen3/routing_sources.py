@@ -85,7 +85,7 @@ class SourceList:
         self.tensors.append(x)
 
     def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (see `routing.Sources.route`) and the routing weights `[tokens, n_sources]`."""
+        """`residual + gamma * mix` (see `Sources.route`) and the routing weights `[tokens, n_sources]`."""
         tensors = self.tensors if extra is None else [*self.tensors, extra]
         return self.mixture(tensors, point.w, self.eps, residual=residual, gate=point.gate)
 

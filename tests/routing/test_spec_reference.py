@@ -1,6 +1,7 @@
-"""The model against SPEC section 2 written out loop by loop (`helpers/spec_reference.py`), in every mode, gated
-and not, with both routing paths; and the routing weights each point returns: one per source it reads, summing to
-one."""
+"""The model, routed by its default implementation (`buffer`), against SPEC section 2 written out loop by loop
+(`helpers/spec_reference.py`), in every mode, gated and not, with and without autograd; and the routing weights each
+point returns: one per source it reads, summing to one. The other implementations are compared with the reference
+implementation in `test_routing_implementations.py`."""
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from modeling_delta_qwen3.routing_buffer import TrainingBuffer
 @pytest.mark.parametrize("num_blocks", [2, 3])
 @pytest.mark.parametrize("grad", [True, False], ids=["autograd", "inference"])
 def test_matches_spec_reference(mode, gated, num_blocks, grad):
-    """Both routing paths: the fused autograd function (training) and the stacked one (inference)."""
+    """Both of the buffer's regimes here: with autograd (its hand-written backward) and without."""
     model = random_model(mode, gated)
     model.config.routing_num_blocks = num_blocks
     ids = token_ids()
