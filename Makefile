@@ -11,20 +11,14 @@ OLDEST := .venv-oldest
 OLDEST_TORCH := torch==2.6.0
 OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.2 kernels==0.12.3 \
 	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna
-# The model's own tests (its maths and routing against the spec, outputs, decoding, configuration), which the oldest
-# and the newest PyTorch run too, with the remote-code tests.
-MODEL_TESTS := tests/model/test_config.py tests/model/test_dtypes_and_backends.py tests/model/test_generation.py \
-	tests/model/test_checkpoint_format.py tests/model/test_initialisation.py tests/model/test_integrations.py \
-	tests/model/test_outputs.py tests/routing/test_routing_gradients.py tests/routing/test_source_buffer.py \
-	tests/routing/test_spec_reference.py
-# Transformers' tensor parallelism too, at both ends of the supported range (its FSDP loading is newer than 5.5).
-OLDEST_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py tests/model/test_parallel_loading.py
+# The tests that the oldest and the newest PyTorch run too are chosen by marker (setup.cfg): `both_ends` for the
+# model's own (its maths and routing against the spec and the reference, outputs, decoding, configuration, remote
+# code), `oldest_end` and `newest_end` for those that matter at one end only.
+END_TEST_DIRS := tests/model tests/routing tests/serving
+OLDEST_TESTS := -m "both_ends or oldest_end" $(END_TEST_DIRS)
 NEWEST_TORCH := .venv-torch-2.15
 NEWEST_TORCH_PACKAGES := torch==2.15.0
-# Of the compile tests, the training pass of every mode (forward and backward compiled): compiling cold is most of
-# their time, and the rest of that file would double this environment's.
-NEWEST_TORCH_TESTS := $(MODEL_TESTS) tests/model/test_remote_code.py tests/serving/test_inductor_mutation_order.py \
-	tests/model/test_compile.py -k "not test_compile.py or training_equals_eager"
+NEWEST_TORCH_TESTS := -m "both_ends or newest_end" $(END_TEST_DIRS)
 # vLLM's CPU build in an environment of its own, which tests/serving/test_vllm.py runs: vLLM pins its own torch and
 # Transformers, and this project is not installed there, as for a user whose checkpoints bring their model code.
 VLLM_ENV := .venv-vllm

@@ -9,6 +9,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 
+pytestmark = pytest.mark.both_ends
+
 
 @pytest.fixture
 def model_and_0d_gate_checkpoint(tmp_path):

@@ -94,6 +94,7 @@ def test_compiled_block_modes_with_blocks_of_several_layers_equal_eager():
         torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=0, msg=lambda m, mode=mode: f"{mode}: {m}")
 
 
+@pytest.mark.newest_end  # the compile tests the newest PyTorch runs: compiling cold is most of their time
 @pytest.mark.parametrize("mode", MODES)
 def test_compiled_training_equals_eager(mode):
     model = tiny_model(mode).train()

@@ -10,6 +10,8 @@ from helpers.spec_reference import reference_forward
 
 from modeling_delta_qwen3 import DeltaQwen3Config
 
+pytestmark = pytest.mark.both_ends
+
 
 @pytest.mark.parametrize(
     "overrides,field",

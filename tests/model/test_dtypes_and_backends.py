@@ -6,6 +6,8 @@ import torch
 from helpers.models import MODES, random_model, token_ids
 from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
+pytestmark = pytest.mark.both_ends
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sdpa_and_eager_agree(mode):

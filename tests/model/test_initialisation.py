@@ -10,6 +10,8 @@ from transformers import Qwen3ForCausalLM
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.routing_modes import GATEABLE_MODES, ROUTING_MODES
 
+pytestmark = pytest.mark.both_ends
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_parameter_names_shapes_and_init(mode):

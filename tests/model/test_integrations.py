@@ -1,11 +1,14 @@
 """DeltaQwen3 in Transformers: its Auto classes, the text-generation pipeline, attention functions registered with
 `AttentionInterface`, and class flags that say what holds (no pipeline-parallel plan)."""
 
+import pytest
 import torch
 from helpers.models import SHAPE, delta_config, random_model, token_ids
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, pipeline
 
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM, DeltaQwen3Model
+
+pytestmark = pytest.mark.both_ends
 
 
 def test_auto_classes_are_registered():

@@ -9,6 +9,8 @@ from transformers import Qwen3ForCausalLM
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.routing_modes import GATEABLE_MODES, ROUTING_MODES
 
+pytestmark = pytest.mark.both_ends
+
 
 def test_return_dict_false_gives_tuple():
     model = random_model("delta")

@@ -16,6 +16,8 @@ from transformers import PreTrainedModel
 
 from conversion import convert
 
+pytestmark = pytest.mark.oldest_end
+
 WORKER = Path(__file__).with_name("parallel_loading_worker.py")
 
 

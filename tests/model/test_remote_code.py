@@ -15,6 +15,8 @@ from packaging.version import Version
 from modeling_delta_qwen3.configuration_delta_qwen3 import AUTO_MAP
 from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
+pytestmark = pytest.mark.both_ends
+
 PROMPT = [[5, 17, 99, 230, 41, 8]]
 
 LOAD_AND_REPORT = """

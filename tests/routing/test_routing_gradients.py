@@ -10,6 +10,8 @@ from helpers.models import MODES, VARIANTS, random_model, token_ids
 from finetune.model import enable_activation_checkpointing
 from modeling_delta_qwen3 import routing_points
 
+pytestmark = pytest.mark.both_ends
+
 
 def _loss_and_grads(model, ids):
     model.zero_grad()

@@ -15,6 +15,8 @@ from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_points
 from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
 from modeling_delta_qwen3.routing_reference import depth_mix
 
+pytestmark = pytest.mark.both_ends
+
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 

@@ -16,6 +16,8 @@ from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 from modeling_delta_qwen3.routing_points import PointTable, RoutingPoint, stacked_gates, stacked_queries
 from modeling_delta_qwen3.routing_buffer import buffer_sources
 
+pytestmark = pytest.mark.both_ends
+
 
 def point(query: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor | None = None) -> SimpleNamespace:
     """A routing point over given tensors: a `RoutingPoint` holds parameters, which gradcheck cannot vary."""

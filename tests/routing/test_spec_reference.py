@@ -11,6 +11,8 @@ from helpers.spec_reference import reference_forward
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.routing_buffer import TrainingBuffer
 
+pytestmark = pytest.mark.both_ends
+
 
 @pytest.mark.parametrize("mode,gated", VARIANTS)
 @pytest.mark.parametrize("num_blocks", [2, 3])

@@ -28,6 +28,8 @@ from helpers.running import isolated_env
 from modeling_delta_qwen3.configuration_delta_qwen3 import DeltaQwen3Config
 from modeling_delta_qwen3.modeling_delta_qwen3 import _check_vllm_compilation, inductor_orders_out_variant_writes_right
 
+pytestmark = pytest.mark.newest_end
+
 REPRO = Path(__file__).with_name("inductor_mutation_order_repro.py")
 
 
