@@ -104,20 +104,21 @@ def runnable_here() -> list[str]:
 @pytest.mark.parametrize("mode,gated", VARIANTS)
 @pytest.mark.parametrize("batch", [1, 2], ids=["one-sequence", "batched"])
 def test_decoding_steps_match_reference(monkeypatch, mode, gated, batch):
-    """A decoding step: one sequence's single-batch products and padded norms, or several sequences' logits per
-    point, against the reference's step, in float64."""
+    """A decoding step of every implementation that runs here (the buffer's: one sequence's single-batch products
+    and padded norms, or several sequences' logits per point) against the reference's step, in float64."""
     model = random_model(mode, gated, scale=1.0).double()
     ids = token_ids(batch=batch, seq=7)
 
-    def steps() -> list[torch.Tensor]:
+    def steps(implementation: str | None) -> list[torch.Tensor]:
+        model.set_routing_implementation(implementation)
         with torch.no_grad():
             cache = model(ids[:, :-2], use_cache=True).past_key_values
             return [model(ids[:, i : i + 1], past_key_values=cache).logits for i in (5, 6)]
 
-    fast = steps()
-    use_reference(model)
-    for got, expected in zip(fast, steps(), strict=True):
-        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    expected = steps("reference")
+    for implementation in [None, *runnable_here()]:
+        for got, want in zip(steps(implementation), expected, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=lambda m: f"{implementation}: {m}")
 
 
 def test_implementation_is_chosen_by_name_in_from_pretrained_and_not_saved(tmp_path):
