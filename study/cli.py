@@ -17,7 +17,7 @@ from modeling_delta_qwen3.routing_modes import BLOCK_MODES
 
 from .grid import expand_grid
 from .report import format_band_table, format_table, paired_comparisons, summarise, write_pictures
-from .runs import StudySettings, finished_result, has_work, run_one
+from .runs import StudySettings, finished_result, has_work, run_all
 
 RESULTS_NAME = "results.json"
 STUDY_NAME = "study.json"  # the settings its runs are trained and scored with (`study_record`)
@@ -48,6 +48,9 @@ def register(subparsers) -> None:
     study.add_argument("--validation-data", default=None,
                        help="documents to score (default: each run's held-out documents, the same for every run)")  # fmt: skip
     study.add_argument("--device", default="cpu", help="torch device for scoring")
+    study.add_argument("--jobs", type=int, default=1,
+                       help="runs trained side by side, each its own finetune process (on one GPU or the CPU cores; "
+                            "each run's output then goes to runs/NAME/finetune.log)")  # fmt: skip
     study.add_argument("--report-only", action="store_true",
                        help="train nothing: write the results of the runs that have finished (say which have not)")  # fmt: skip
     study.add_argument("finetune_args", nargs=argparse.REMAINDER, help="options for every finetune run, after --")
@@ -63,6 +66,8 @@ def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], Finetune
         raise CommandError(f"{', '.join(own)}: set by the study for each run; leave it out of the finetune options")
     if any(depth < 1 for depth in args.depths):
         raise CommandError(f"--depths must be at least 1, got {args.depths}")
+    if args.jobs < 1:
+        raise CommandError(f"--jobs must be at least 1, got {args.jobs}")
     if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 1:
         raise CommandError(f"--seeds must be distinct, got {args.seeds}")
     for layers in args.depths:
@@ -107,7 +112,7 @@ def run_study(args: argparse.Namespace) -> int:
     record = study_record(args, config)
     check_same_study(args.out, record)
     settings = StudySettings(args.out, shlex.split(args.launcher), args.preset, shared, args.validation_data,
-                             config.seq_len, args.device)  # fmt: skip
+                             config.seq_len, args.device, args.jobs)  # fmt: skip
     runs = expand_grid(args.modes, args.depths, args.seeds, args.num_blocks)
     if args.report_only:
         found = {run.name: finished_result(run, args.out) for run in runs}
@@ -118,13 +123,10 @@ def run_study(args: argparse.Namespace) -> int:
         if missing:
             print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)
     else:
-        results = []
         with reporting_write_failure("--out", args.out, "the runs finished so far are kept; run the study again "
                                      "to continue"):  # fmt: skip
             write_json(args.out / STUDY_NAME, record)
-            for index, run in enumerate(runs, start=1):
-                print(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr, flush=True)
-                results.append(run_one(run, settings))
+            results = run_all(runs, settings)
     summary, paired = summarise(results), paired_comparisons(results)
     print(format_table(summary, paired))
     print(format_band_table(summary))

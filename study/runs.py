@@ -4,14 +4,22 @@ run), then score the final model on held-out documents; `result.json` marks a ru
     OUT/runs/NAME/train/         the finetune run directory (checkpoints, train_log.jsonl, model/)
     OUT/runs/NAME/result.json    validation perplexity, routing sharpness, tokens/s
 
+    OUT/runs/NAME/finetune.log  finetune's output, when runs train side by side (`jobs` > 1)
+
 A run without `result.json` is resumed: `finetune --resume` continues from its latest checkpoint (or starts), and a
-run whose training finished is only scored.
+run whose training finished is only scored. Up to `jobs` runs train side by side, each its own finetune process (on
+one GPU, several small runs keep it busier than one); this process scores each run as its training ends.
 """
 
 import json
+import os
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from delta_qwen3.atomic import write_json
 from delta_qwen3.errors import RunError
@@ -24,6 +32,8 @@ from finetune.outputs import log_path, model_dir, run_config_path, validation_do
 from .grid import Run, write_model_config
 
 RESULT_NAME = "result.json"
+LOG_NAME = "finetune.log"
+POLL_SECONDS = 0.5  # how often the runs side by side are looked at: far below a run's minutes
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,7 @@ class StudySettings:
     validation_data: str | None  # scored documents; None: each run's held-out documents
     max_length: int  # scoring windows: the training block length, without overlap
     device: str
+    jobs: int = 1  # runs trained side by side
 
 
 def run_dir(out: Path, run: Run) -> Path:
@@ -53,13 +64,36 @@ def finetune_command(run: Run, settings: StudySettings, directory: Path) -> list
     return [*settings.launcher, "-m", "finetune", *settings.finetune_args, *own]
 
 
-def train(run: Run, settings: StudySettings, directory: Path) -> None:
+def finetune_environment(jobs: int) -> dict[str, str] | None:
+    """The environment of each finetune process: with runs side by side, each gets its share of the CPU cores for
+    PyTorch's threads (each would otherwise take them all, and they would wait on each other), unless
+    OMP_NUM_THREADS says otherwise."""
+    if jobs == 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+
+
+def start_training(run: Run, settings: StudySettings, directory: Path) -> subprocess.Popen | None:
+    """Start the run's finetune process; None if it has trained already (and was killed while scoring). With runs
+    side by side, its output goes to its `finetune.log` (appended to, across resumptions), not to the terminal."""
     if model_dir(directory / "train").is_dir():
-        return  # trained; killed while scoring
+        return None
     command = finetune_command(run, settings, directory)
-    print("$ " + " ".join(command), flush=True)
-    if subprocess.run(command).returncode != 0:
-        raise RunError(f"run {run.name} failed in finetune (its output is above); run the study again to resume it")
+    if settings.jobs == 1:
+        print("$ " + " ".join(command), flush=True)
+        return subprocess.Popen(command)
+    with (directory / LOG_NAME).open("a") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                env=finetune_environment(settings.jobs))  # fmt: skip
+
+
+def check_trained(run: Run, process: subprocess.Popen | None, settings: StudySettings, directory: Path) -> None:
+    """Raise `RunError` for a finetune process that failed or stopped before its last step."""
+    output = "above" if settings.jobs == 1 else f"in {directory / LOG_NAME}"
+    if process is not None and process.returncode != 0:
+        raise RunError(f"run {run.name} failed in finetune (its output is {output}); run the study again to resume it")
     if not model_dir(directory / "train").is_dir():
         raise RunError(f"run {run.name} stopped before its last step (--stop-after-step); run the study again "
                        "without it to continue")  # fmt: skip
@@ -102,14 +136,35 @@ def finished_result(run: Run, out: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def run_one(run: Run, settings: StudySettings) -> dict:
-    """The run's result: read back if it finished before, else trained (or resumed) and scored now."""
-    if (result := finished_result(run, settings.out)) is not None:
-        return result
-    directory = run_dir(settings.out, run)
-    result_path = directory / RESULT_NAME
-    directory.mkdir(parents=True, exist_ok=True)
-    train(run, settings, directory)
-    result = score(run, settings, directory)
-    write_json(result_path, result)
-    return result
+def run_all(runs: list[Run], settings: StudySettings) -> list[dict]:
+    """Every run's result, in the order of `runs`: read back if it finished before, else trained (or resumed), up to
+    `settings.jobs` at a time in the order of `runs`, and scored when its training ends. When a run fails, or the
+    study is interrupted, the runs still training are stopped (each resumes from its latest checkpoint)."""
+    results = {run: finished_result(run, settings.out) for run in runs}
+    waiting = [run for run in runs if results[run] is None]
+    running: dict[Run, subprocess.Popen | None] = {}
+    progress = tqdm(total=len(waiting), desc="study runs", unit="run", disable=settings.jobs == 1)
+    try:
+        while waiting or running:
+            while waiting and len(running) < settings.jobs:
+                run = waiting.pop(0)
+                directory = run_dir(settings.out, run)
+                directory.mkdir(parents=True, exist_ok=True)
+                done = len(runs) - len(waiting)
+                progress.write(f"=== study run {done}/{len(runs)}: {run.name}", file=sys.stderr)
+                running[run] = start_training(run, settings, directory)
+            ended = [run for run, process in running.items() if process is None or process.poll() is not None]
+            if not ended:
+                time.sleep(POLL_SECONDS)
+            for run in ended:
+                directory = run_dir(settings.out, run)
+                check_trained(run, running.pop(run), settings, directory)
+                results[run] = score(run, settings, directory)
+                write_json(directory / RESULT_NAME, results[run])
+                progress.update()
+    finally:
+        progress.close()
+        for process in filter(None, running.values()):
+            process.terminate()
+            process.wait()
+    return [results[run] for run in runs]

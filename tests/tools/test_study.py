@@ -1,22 +1,23 @@
-"""`delta-qwen3 study`: the grid of runs, the summary over seeds, and a study that, killed part-way and run again,
-ends with exactly the results of one that ran through."""
+"""`delta-qwen3 study`: the grid of runs, the summary over seeds, a study that, killed part-way and run again (runs
+side by side, as on a GPU), ends with exactly the results of one that ran through, and the corpora it trains on."""
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from helpers.files import disk_full_past
 from helpers.paths import REPO_ROOT
-from helpers.training import write_corpus
 
 from delta_qwen3.atomic import write_json
 from delta_qwen3.cli import build_parser, main
 from delta_qwen3.corpus import python_docs_texts
 from finetune.config import parse_args
 from finetune.model import build_model_config
-from study import python_docs
+from study import debian_docs, python_docs
 from study.cli import _shared_finetune_args, check_same_study, study_record
 from study.grid import Run, expand_grid
 from study.report import format_band_table, format_table, paired_comparisons, summarise
@@ -119,19 +120,104 @@ def test_bad_study_options_are_one_line_and_exit_2(tmp_path, capsys, extra, mess
     assert not (tmp_path / "study").exists()
 
 
+def build_deb(directory, name: str, version: str, files: dict[str, str]):
+    """A Debian package of `files` (path -> text), as apt-get names its download."""
+    root = directory / f"{name}-root"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(f"Package: {name}\nVersion: {version}\nArchitecture: all\n"
+                                             "Maintainer: Nobody <nobody@example.org>\nDescription: test\n")  # fmt: skip
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    deb = directory / f"{name}_{version.replace(':', '%3a')}_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True,
+                   capture_output=True)  # fmt: skip
+    return deb
+
+
+def fixture_debs(directory) -> dict[str, list[str]]:
+    """Two documentation packages holding Python's help topics: `alpha-doc` as HTML pages (with a script, a style,
+    entities and the markup's indentation around a `<pre>`), `beta-doc` as POD files beside an HTML page and an empty
+    POD file that are not its documents. Returns the texts each package's documents must give."""
+    directory.mkdir()
+    topics = [re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", text)) for text in python_docs_texts()]
+    pages = {f"usr/share/doc/alpha-doc/html/topic{number}.html": (
+        f"<html><head><title>Topic {number}</title><style>p {{ margin: 0 }}</style>"
+        f"<script>if (a < b) {{ show('<p>') }}</script></head>\n<body>\n    <h1>Topic &amp;\n        {number}</h1>\n"
+        f"    <pre>{html.escape(text)}</pre>\n</body></html>") for number, text in enumerate(topics[:40])}  # fmt: skip
+    build_deb(directory, "alpha-doc", "1:2.0-1", pages)
+    pods = {f"usr/share/perl/pod/topic{number}.pod": text for number, text in enumerate(topics[40:])}
+    build_deb(directory, "beta-doc", "5.0", {**pods, "usr/share/doc/beta-doc/index.html": "<p>not read</p>",
+                                             "usr/share/perl/pod/empty.pod": "\n"})  # fmt: skip
+    return {"alpha-doc": [f"Topic {number}\n\nTopic & {number}\n\n{text}" for number, text in enumerate(topics[:40])],
+            "beta-doc": topics[40:]}  # fmt: skip
+
+
+FIXTURE_PACKAGES = ["--packages", "alpha-doc=.html", "beta-doc=.pod"]
+
+
+def test_the_debian_corpus_is_the_packages_text_the_same_every_time_with_what_it_took(tmp_path):
+    expected = fixture_debs(tmp_path / "debs")
+    for out in ("corpus", "again"):
+        assert debian_docs.main([str(tmp_path / out), "--debs", str(tmp_path / "debs"), *FIXTURE_PACKAGES,
+                                 "--vocab-size", "300"]) == 0  # fmt: skip
+    documents = [json.loads(line)["text"] for line in (tmp_path / "corpus" / "documents.jsonl").open()]
+    assert sorted(documents) == sorted(expected["alpha-doc"] + expected["beta-doc"])
+    manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    alpha, beta = (tmp_path / "debs" / "alpha-doc_1%3a2.0-1_all.deb"), (tmp_path / "debs" / "beta-doc_5.0_all.deb")
+    assert [{key: entry[key] for key in ("package", "version", "suffix", "deb", "deb_bytes", "documents",
+                                         "text_bytes")} for entry in manifest["packages"]] == [  # fmt: skip
+        {"package": "alpha-doc", "version": "1:2.0-1", "suffix": ".html", "deb": alpha.name,
+         "deb_bytes": alpha.stat().st_size, "documents": 40,
+         "text_bytes": sum(len(text.encode()) for text in expected["alpha-doc"])},
+        {"package": "beta-doc", "version": "5.0", "suffix": ".pod", "deb": beta.name, "deb_bytes": beta.stat().st_size,
+         "documents": len(expected["beta-doc"]), "text_bytes": sum(len(text.encode()) for text in expected["beta-doc"])},
+    ]  # fmt: skip
+    assert (manifest["documents"], manifest["vocab_size"]) == (len(documents), 300)
+    for name in ("documents.jsonl", "manifest.json", "tokenizer/tokenizer.json"):
+        assert (tmp_path / "corpus" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "packages, message",
+    [
+        (["gamma-doc=.txt"], "--debs {debs} has 0 .deb files of gamma-doc (gamma-doc_*.deb), not one"),
+        (["alpha-doc=.txt"], "alpha-doc_1%3a2.0-1_all.deb has no text in files ending with .txt"),
+    ],
+)
+def test_a_package_that_is_missing_or_has_no_such_documents_is_one_line_and_writes_nothing(tmp_path, capsys,
+                                                                                          packages, message):  # fmt: skip
+    fixture_debs(tmp_path / "debs")
+    out = tmp_path / "corpus"
+    assert debian_docs.main([str(out), "--debs", str(tmp_path / "debs"), "--packages", *packages]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"study.debian_docs: error: {message.format(debs=tmp_path / 'debs')}" and not out.exists()
+
+
+def test_a_package_spec_without_a_suffix_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        debian_docs.main([str(tmp_path / "corpus"), "--packages", "perl-doc"])
+    assert exit_.value.code == 2
+    assert "'perl-doc' is not NAME=SUFFIX (e.g. perl-doc=.pod)" in capsys.readouterr().err.splitlines()[-1]
+
+
 @pytest.fixture(scope="module")
-def shared_options(tmp_path_factory, tokenizer) -> list[str]:
+def shared_options(tmp_path_factory) -> list[str]:
+    """The rehearsal of the GPU study's command on the CPU: its corpus written by `study.debian_docs` from fixture
+    packages, and the finetune options of the GPU study at a tiny size."""
     base = tmp_path_factory.mktemp("study-inputs")
-    tokenizer.save_pretrained(base / "tokenizer")
-    corpus = write_corpus(base / "python_docs.jsonl")
-    return ["--data", str(corpus), "--tokenizer", str(base / "tokenizer"), "--seq-len", "32", "--batch-size", "4",
-            "--val-blocks", "8", "--max-steps", "6", "--warmup-steps", "2", "--lr", "3e-3", "--log-every", "2",
-            "--eval-every", "3", "--save-every", "2"]  # fmt: skip
+    fixture_debs(base / "debs")
+    assert debian_docs.main([str(base / "corpus"), "--debs", str(base / "debs"), *FIXTURE_PACKAGES,
+                             "--vocab-size", "512"]) == 0  # fmt: skip
+    return ["--data", str(base / "corpus" / "documents.jsonl"), "--tokenizer", str(base / "corpus" / "tokenizer"),
+            "--seq-len", "32", "--batch-size", "4", "--val-blocks", "8", "--max-steps", "6", "--warmup-steps", "2",
+            "--lr", "3e-3", "--log-every", "2", "--eval-every", "3", "--save-every", "2"]  # fmt: skip
 
 
-def study(out, shared: list[str], *extra: str) -> subprocess.CompletedProcess:
+def study(out, shared: list[str], *extra: str, jobs: int = 1) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "delta_qwen3.cli", "study", "--out", str(out), "--modes", "baseline",
-               "delta_block", "--depths", "2", "--seeds", "0", "--num-blocks", "2", "--", *shared, *extra]  # fmt: skip
+               "delta_block", "--depths", "2", "--seeds", "0", "--num-blocks", "2", "--jobs", str(jobs), "--",
+               *shared, *extra]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -158,13 +244,18 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
         assert (tmp_path / "whole" / name).read_bytes()[:4] == b"\x89PNG"
     assert "baseline" in whole.stdout and "delta_block (2 blocks)" in whole.stdout
 
-    stopped = study(tmp_path / "split", shared_options, "--stop-after-step", "3")
+    # Side by side, as on a GPU: both runs start, the first to stop ends the study, and they resume to the results
+    # of runs one after the other.
+    stopped = study(tmp_path / "split", shared_options, "--stop-after-step", "3", jobs=2)
     assert stopped.returncode == 1
-    assert stopped.stderr.splitlines()[-1] == ("delta-qwen3 study: error: run baseline-L2-s0 stopped before its last "
-                                               "step (--stop-after-step); run the study again without it to continue")  # fmt: skip
-    resumed = study(tmp_path / "split", shared_options)
+    assert re.fullmatch(r"delta-qwen3 study: error: run (baseline-L2-s0|delta_block-b2-L2-s0) stopped before its "
+                        r"last step \(--stop-after-step\); run the study again without it to continue",
+                        stopped.stderr.splitlines()[-1])  # fmt: skip
+    logs = [tmp_path / "split" / "runs" / name / "finetune.log" for name in ("baseline-L2-s0", "delta_block-b2-L2-s0")]
+    assert all(log.read_text().startswith("$ ") and "--stop-after-step 3" in log.read_text() for log in logs)
+    resumed = study(tmp_path / "split", shared_options, jobs=2)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from" in resumed.stdout + resumed.stderr
+    assert "resuming from" in "".join(log.read_text() for log in logs) and "-m finetune" not in resumed.stdout
     assert comparable(json.loads((tmp_path / "split" / "results.json").read_text())) == comparable(expected)
 
     # Finished runs are read back, not run again.
