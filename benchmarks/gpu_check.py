@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -72,16 +72,19 @@ class Profile:
     check_shape: dict  # the small model of the correctness sections
     check_tokens: tuple[int, int]  # batch, sequence
     perf_shape: dict
-    perf_tokens: tuple[int, int]
-    training_pairs: int
-    decode: tuple[int, int, int]  # prompt, new tokens, rounds
+    perf_tokens: tuple[int, int]  # batch, sequence: training and memory
+    long_tokens: tuple[int, int]  # training where the GPU's work, not launching it, takes the time
+    training_pairs: int  # timed rounds of a training step of each model
+    long_training_pairs: int
+    decode: tuple[int, int, int]  # prompt, new tokens, rounds: eager decoding
+    graph_decode: tuple[int, int, int]  # prompt, new tokens, timed rounds: `generate` under CUDA graphs
+    op_calls: int  # timed calls of the routing operation
     compile_backend: str
     compile_modes: tuple[str, ...]  # compiled training in each, generation in the first
     learning: dict  # pre-training steps, warm-up steps, learning rate, batch size, sequence length, model
-    targets: bool  # whether the performance goals apply (not at the rehearsal's tiny shapes)
     threads: int | None = None  # PyTorch's CPU threads, when not its default
     perf_variants: tuple[str, ...] = ("delta_block", "delta")
-    compiled_variants: tuple[str, ...] = ("delta_block",)  # compiling the 0.6B shape takes minutes per model
+    compiled_variants: tuple[str, ...] = ("delta_block", "delta")  # in order: compiling takes minutes per model
 
 
 CHECK_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -97,12 +100,15 @@ GPU = Profile(
     check_tokens=(2, 64),
     perf_shape={},  # the Qwen3-0.6B shape, from benchmarks/routing_overhead.py (see `performance_settings`)
     perf_tokens=(4, 512),
+    long_tokens=(8, 4096),
     training_pairs=10,
-    decode=(128, 32, 3),
+    long_training_pairs=3,
+    decode=(128, 32, 2),
+    graph_decode=(128, 128, 5),  # enough steps that the prompt's eager forward pass weighs little
+    op_calls=10,
     compile_backend="inductor",
     compile_modes=("delta_block", "delta"),
     learning=dict(steps=200, warmup=20, lr=3e-3, batch=16, seq_len=128, model={}),  # the demo's base model
-    targets=True,
 )
 REHEARSAL = Profile(
     device="cpu",
@@ -111,17 +117,20 @@ REHEARSAL = Profile(
     check_tokens=(2, 11),
     perf_shape=CHECK_SHAPE | dict(num_hidden_layers=2),
     perf_tokens=(2, 32),
+    long_tokens=(1, 64),
     training_pairs=1,
+    long_training_pairs=1,
     decode=(8, 3, 1),
+    graph_decode=(8, 3, 1),
+    op_calls=1,
     # Dynamo's tracing of the whole graph (fullgraph) alone: on 2 CPU cores AOTAutograd and inductor take a minute.
     compile_backend="eager",
     compile_modes=("delta_block",),
     learning=dict(steps=20, warmup=2, lr=1e-2, batch=4, seq_len=32,
                   model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=16)),
-    targets=False,
     # Tiny operations on a loaded machine: a second thread costs waiting for it (seven times slower on 2 cores).
     threads=1,
-    perf_variants=("delta_block",),
+    compiled_variants=("delta_block",),
 )
 
 
@@ -387,20 +396,53 @@ def check_compile(profile: Profile, section: SectionRecord) -> None:
 
 # --- performance --------------------------------------------------------------------------------------------------
 
+# The routing implementations timed in eager mode: today's default, and one registered operation per routing point.
+# Under torch.compile `buffer` cannot be traced whole (it routes between graphs), so the compiled parts time `fused`.
+EAGER_IMPLEMENTATIONS = ("buffer", "fused")
+COMPILED_IMPLEMENTATIONS = ("fused",)
+# Goals on one H200 as ratios to Qwen3, per variant, and whether a figure meets its goal at least or at most there:
+# reported beside the figures, never failed on (benchmarks/README.md says where each comes from).
+GOALS = {
+    "saved_activations": (False, {"delta_block": 1.05, "delta": 1.15}),
+    "training": (True, {"delta_block": 0.93, "delta": 0.85}),
+    "training_long": (True, {"delta_block": 0.97, "delta": 0.90}),
+    "decoding": (True, {"delta_block": 0.95, "delta": 0.95}),
+    "decoding_cuda_graphs": (True, {"delta_block": 0.95, "delta": 0.90}),
+    "compiled_training": (True, {"delta_block": 0.97, "delta": 0.90}),
+}
+NOT_ON_CPU = "not measured on cpu"
+PROFILED_STEP = "gpu_check training step"  # torch.profiler's name for the range of the step it measures
 
-def performance_settings(profile: Profile):
-    """benchmarks/routing_overhead.py's settings for this profile, in bfloat16 on its device."""
+
+def performance_settings(profile: Profile, variants: tuple[str, ...]):
+    """benchmarks/routing_overhead.py's settings for this profile and `variants`, in bfloat16 on its device."""
     from benchmarks import routing_overhead
 
     shape = profile.perf_shape or routing_overhead.QWEN3_06B
     prompt, new_tokens, rounds = profile.decode
-    variants = [variant for variant in routing_overhead.VARIANTS if variant[0] in ("qwen3", *profile.perf_variants)]
     return routing_overhead.Settings(
         device=profile.device, dtype=torch.bfloat16, batch=profile.perf_tokens[0], seq=profile.perf_tokens[1],
         depths=[], train_layers=shape["num_hidden_layers"], training_pairs=profile.training_pairs, decode_shape=shape,
-        prompt=prompt, new_tokens=new_tokens, decode_runs=rounds, keep_freed_memory=False, variants=variants,
+        prompt=prompt, new_tokens=new_tokens, decode_runs=rounds, keep_freed_memory=False,
+        variants=[variant for variant in routing_overhead.VARIANTS if variant[0] in ("qwen3", *variants)],
         train_shape=shape, compile_backend=profile.compile_backend,
         routing_implementation="buffer")  # fmt: skip  # fla autotunes per source count: minutes at 28 layers
+
+
+def record_goal(section: SectionRecord, figure: str, label: str, name: str, value: float) -> None:
+    """A measured ratio, checked only for having been measured, and reported beside its goal where it has one."""
+    section.check(f"{name}: measured", value, 0.0, at_least=True)
+    if figure in GOALS:
+        at_least, goals = GOALS[figure]
+        goal = goals[label]
+        section.data.setdefault("goals", []).append(
+            {"name": name, "value": value, "goal": goal, "passes_if": "value >= goal" if at_least else "value <= goal",
+             "met": value >= goal if at_least else value <= goal})  # fmt: skip
+
+
+def figure_data(section: SectionRecord, figure: str) -> dict:
+    """The figure's dictionary in the section's data, made on first use, so that each value lands as measured."""
+    return section.data.setdefault("figures", {}).setdefault(figure, {})
 
 
 def peak_training_memory(model, ids: torch.Tensor) -> int:
@@ -416,58 +458,290 @@ def peak_training_memory(model, ids: torch.Tensor) -> int:
     return torch.cuda.max_memory_allocated()
 
 
-def memory_ratios(settings) -> dict[str, dict[str, float]]:
-    """Per variant, autograd's saved-activation bytes of a training forward and (CUDA) the peak memory of a
-    training step, as ratios to Qwen3's; one model alive at a time."""
+def check_memory(settings, section: SectionRecord, ids: torch.Tensor) -> None:
+    """Per variant and implementation, autograd's saved-activation bytes of a training forward and (CUDA) the peak
+    memory of a training step, as ratios to Qwen3's; one model alive at a time."""
     from benchmarks.routing_overhead import build, saved_activation_bytes
 
-    shape = settings.training_shape()
-    ids = torch.randint(0, shape["vocab_size"], (settings.batch, settings.seq), device=settings.device)
-    sizes = {}
-    for label, mode, gated in settings.variants:
-        model = build(shape, mode, gated, settings)
-        sizes[label] = {"saved_activations": saved_activation_bytes(model, ids)}
-        if settings.device.startswith("cuda"):
-            sizes[label]["peak_cuda_memory"] = peak_training_memory(model, ids)
+    def sizes(model) -> dict[str, int]:
+        found = {"saved_activations": saved_activation_bytes(model, ids)}
+        if settings.device == "cuda":
+            found["peak_cuda_memory"] = peak_training_memory(model, ids)
+        return found
+
+    qwen3 = sizes(build(settings.train_shape, None, False, settings))
+    memory = figure_data(section, "memory")
+    for label, mode, gated in settings.variants[1:]:
+        model = build(settings.train_shape, mode, gated, settings)
+        for implementation in EAGER_IMPLEMENTATIONS:
+            model.set_routing_implementation(implementation)
+            for kind, size in sizes(model).items():
+                memory.setdefault(kind, {}).setdefault(label, {})[implementation] = size / qwen3[kind]
+            record_goal(section, "saved_activations", label, f"saved_activations: {label} {implementation} / qwen3",
+                        memory["saved_activations"][label][implementation])
         del model
         release_memory()
-    return {kind: {label: sizes[label][kind] / sizes["qwen3"][kind] for label in sizes}
-            for kind in sizes["qwen3"]}  # fmt: skip
 
 
-def check_speed(profile: Profile, section: SectionRecord, figure: str, ratios: dict) -> None:
-    """The variants' ratios to Qwen3 against benchmarks/README.md's goals (at the rehearsal's shapes: measured at
-    all)."""
-    from benchmarks.routing_overhead import MIN_SPEED
+def time_against_qwen3(section: SectionRecord, figure: str, settings, shape: dict, prepare: Callable,
+                       measure: Callable, implementations: tuple[str, ...], tokens: int,
+                       share_weights: bool = False) -> None:
+    """Per variant and routing implementation, the run that `prepare(model)` makes, timed against Qwen3's by
+    `measure(qwen3_run, run)` (Qwen3's time over the variant's, and Qwen3's seconds per run; the two runs
+    interleaved). One Qwen3 serves every variant: built first, then each variant, with only the two alive (their
+    common weights shared where `share_weights`: in decoding, where the weights lie moves the speed). Each ratio is
+    recorded as soon as measured; so is every run's first call, in seconds (compilation, where anything compiles)."""
+    from benchmarks.routing_overhead import _seconds, _share_base_weights, build
 
-    section.figure(figure, ratios)
+    results = figure_data(section, figure)
+    first_calls = results.setdefault("first_call_seconds", {})
+
+    def prepared(name: str, model) -> Callable[[], None]:
+        run = prepare(model)
+        first_calls[name] = round(_seconds(run, settings.device), 2)
+        return run
+
+    qwen3 = build(shape, None, False, settings)
+    qwen3_run = prepared("qwen3", qwen3)
+    for label, mode, gated in settings.variants[1:]:
+        model = build(shape, mode, gated, settings)
+        if share_weights:
+            _share_base_weights(qwen3, model)
+        for implementation in implementations:
+            model.set_routing_implementation(implementation)
+            ratio, qwen3_seconds = measure(qwen3_run, prepared(f"{label} {implementation}", model))
+            results.setdefault(label, {})[implementation] = ratio
+            results["qwen3_tokens_per_s"] = tokens / qwen3_seconds
+            record_goal(section, figure, label, f"{figure}: {label} {implementation} / qwen3", ratio)
+        del model
+        release_memory()
+
+
+def paired_runs(repeats: int, warmup: int, device: str) -> Callable:
+    """A `measure` for `time_against_qwen3`: routing_overhead's rounds of one run of each, back to back."""
+    from benchmarks.routing_overhead import _paired_ratio
+
+    return lambda qwen3_run, run: _paired_ratio({"qwen3": qwen3_run, "variant": run}, repeats, warmup, device)
+
+
+def paired_decoders(settings) -> Callable:
+    """A `measure` for `time_against_qwen3`: routing_overhead's decoding, the two models' forward passes alternating
+    one token at a time."""
+    from benchmarks.routing_overhead import paired_decoding
+
+    def measure(qwen3_decoder, decoder) -> tuple[float, float]:
+        result = paired_decoding({"qwen3": qwen3_decoder, "variant": decoder}, settings.new_tokens,
+                                 settings.decode_runs, settings.device)  # fmt: skip
+        return result["ratio"], result["qwen3_seconds"]
+
+    return measure
+
+
+def decoding_under_cuda_graphs(profile: Profile, settings, section: SectionRecord) -> None:
+    """`generate` with the static cache, whose decoding steps Transformers compiles on a GPU with the model's
+    `generation_config.compile_config`, here `CompileConfig(mode="reduce-overhead", fullgraph=True)`: CUDA graphs
+    (the prompt's forward pass stays eager). On the CPU Transformers compiles nothing, so the rehearsal times the
+    same calls with the static cache, eagerly, under another figure's name."""
+    from transformers import CompileConfig
+
+    prompt_length, new_tokens, rounds = profile.graph_decode
+    prompt = torch.randint(3, settings.decode_shape["vocab_size"], (1, prompt_length), device=profile.device)
+    cuda = profile.device == "cuda"
+    if not cuda:
+        section.not_run("decoding_cuda_graphs", f"{NOT_ON_CPU}: CUDA graphs need CUDA; decoding_static_cache_eager "
+                                                "times the same generate calls without them")  # fmt: skip
+
+    def prepare(model) -> Callable[[], None]:
+        if cuda:
+            model.generation_config.compile_config = CompileConfig(mode="reduce-overhead", fullgraph=True)
+        return lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                                      eos_token_id=None, cache_implementation="static")  # fmt: skip
+
+    # Two calls after the first before timing: CUDA graphs are recorded on the second and replayed from the third.
+    time_against_qwen3(section, "decoding_cuda_graphs" if cuda else "decoding_static_cache_eager", settings,
+                       settings.decode_shape, prepare, paired_runs(rounds, 2, profile.device),
+                       COMPILED_IMPLEMENTATIONS, new_tokens, share_weights=True)  # fmt: skip
+
+
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    return sum(tensor.nbytes for tensor in tensors)
+
+
+def memory_bandwidth() -> float | None:
+    """The GPU's nominal memory bandwidth in bytes/s (two transfers per memory clock across its bus), or None where
+    PyTorch does not report its memory clock and bus width."""
+    properties = torch.cuda.get_device_properties()
+    clock_khz, bus_bits = getattr(properties, "memory_clock_rate", None), getattr(properties, "memory_bus_width", None)
+    return None if not clock_khz or not bus_bits else 2 * clock_khz * 1000 * bus_bits / 8
+
+
+def routing_op_bandwidth(profile: Profile, settings, section: SectionRecord) -> None:
+    """`torch.ops.delta_qwen3.route` and `route_backward` over the long training batch's tokens, each reading as
+    many sources as the deepest routing point of a variant at this depth (Delta Block, 4 blocks: h_0 and three
+    finished blocks' changes; Delta AttnRes: h_0 and every sublayer's output but the last), with a residual and no
+    gate: the bytes each must move (its inputs read once, its outputs written once) per second, beside a plain copy
+    of the sources, and both as fractions of the GPU's nominal memory bandwidth."""
+    import modeling_delta_qwen3  # noqa: F401  (registers the operations)
+    from benchmarks.routing_overhead import _seconds
+
+    shape, device, calls = settings.train_shape, profile.device, profile.op_calls
+    layers, hidden = shape["num_hidden_layers"], shape["hidden_size"]
+    counts = {"delta_block": min(4, layers), "delta": 2 * layers}  # routing_overhead.build's blocks: at most 4
+    results = figure_data(section, "routing_op_bandwidth")
+    nominal = memory_bandwidth() if device == "cuda" else None
+    unknown = "PyTorch reports no memory clock or bus width" if device == "cuda" else NOT_ON_CPU
+    results["memory_bandwidth_bytes_per_s"] = nominal or unknown
+
+    def rate(call: Callable, moved: int) -> dict:
+        call()  # the first call compiles the kernel
+        seconds = _seconds(lambda: [call() for _ in range(calls)], device) / calls
+        return {"bytes": moved, "seconds": seconds, "bytes_per_s": moved / seconds,
+                "of_memory_bandwidth": moved / seconds / nominal if nominal else unknown}  # fmt: skip
+
     for label in profile.perf_variants:
-        if label in ratios:
-            goal = MIN_SPEED[figure][label] if profile.targets else 0.0
-            section.check(f"{figure} tokens/s, {label} / qwen3", ratios[label], goal, at_least=True)
+        count = counts[label]
+        sources = torch.randn(count, *profile.long_tokens, hidden, device=device, dtype=torch.bfloat16)
+        residual = torch.randn_like(sources[0])
+        w = torch.randn(hidden, device=device)  # the compute dtype of a bfloat16 model's routing: float32
+        out, weights = torch.ops.delta_qwen3.route(sources, count, None, w, None, residual, 1e-6)
+        grad_out = torch.randn_like(out)
+        gradients = torch.ops.delta_qwen3.route_backward(grad_out, sources, count, None, w, None, weights, 1e-6)
+        copy_target = torch.empty_like(sources)
+        results[label] = {
+            "sources": count,
+            "route": rate(lambda: torch.ops.delta_qwen3.route(sources, count, None, w, None, residual, 1e-6),
+                          tensor_bytes(sources, residual, w, out, weights)),
+            "route_backward": rate(lambda: torch.ops.delta_qwen3.route_backward(grad_out, sources, count, None, w,
+                                                                                None, weights, 1e-6),
+                                   tensor_bytes(grad_out, sources, w, weights, *gradients)),
+            "copy": rate(lambda: copy_target.copy_(sources), 2 * sources.nbytes),
+        }  # fmt: skip
+        del sources, residual, out, weights, grad_out, gradients, copy_target
+        release_memory()
+
+
+def gpu_activity(events, window: str) -> dict:
+    """From torch.profiler's events (`profile.events()`): the kernels the GPU ran during the CPU range named
+    `window`, and the fraction of that range in which the GPU was busy (running kernels, copies or fills: the union
+    of their intervals). Annotations the profiler marks on the GPU's timeline are not activities."""
+    from torch.autograd import DeviceType
+
+    (span,) = [event.time_range for event in events if event.name == window and event.device_type == DeviceType.CPU]
+    activities = [event for event in events
+                  if event.device_type == DeviceType.CUDA and not event.is_user_annotation and event.name != window
+                  and event.time_range.start < span.end and event.time_range.end > span.start]  # fmt: skip
+    busy, covered_to = 0.0, span.start
+    for start, end in sorted((event.time_range.start, event.time_range.end) for event in activities):
+        if end > covered_to:
+            busy += min(end, span.end) - max(start, covered_to)
+            covered_to = end
+    kernels = sum(not event.name.startswith(("Memcpy", "Memset")) for event in activities)
+    return {"kernels": kernels, "gpu_busy": busy / (span.end - span.start)}
+
+
+def kernels_and_gpu_busy(profile: Profile, settings, section: SectionRecord, ids: torch.Tensor) -> None:
+    """Per model and implementation, `torch.profiler` over one eager training step (after two that warm it up):
+    the kernels it launches, as a count and as a ratio to Qwen3's, and the fraction of the step the GPU is busy."""
+    from benchmarks.routing_overhead import build, training_step
+
+    if profile.device != "cuda":
+        section.not_run("kernels", f"{NOT_ON_CPU}: kernels and the GPU's busy time are CUDA's (torch.profiler)")
+        return
+    results = figure_data(section, "kernels")
+
+    def record(name: str, model) -> None:
+        step = training_step(model, ids)
+        step()
+        step()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profiler:
+            with torch.profiler.record_function(PROFILED_STEP):
+                step()
+                torch.cuda.synchronize()
+        results[name] = gpu_activity(profiler.events(), PROFILED_STEP)
+        results[name]["kernels_vs_qwen3"] = results[name]["kernels"] / results["qwen3"]["kernels"]
+
+    record("qwen3", build(settings.train_shape, None, False, settings))
+    for label, mode, gated in settings.variants[1:]:
+        model = build(settings.train_shape, mode, gated, settings)
+        for implementation in EAGER_IMPLEMENTATIONS:
+            model.set_routing_implementation(implementation)
+            record(f"{label} {implementation}", model)
+        del model
+        release_memory()
+
+
+def run_parts(section: SectionRecord, parts: dict[str, Callable[[], None]]) -> None:
+    """Runs `parts` in order. One that raises is recorded (its error, and a failed check) and the next one runs.
+    Once the section's time budget runs out, the part it ran out in and those after it are recorded as not run,
+    and the section ends with what it measured: a budget too short for every part is not a failure."""
+    names = list(parts)
+    for index, name in enumerate(names):
+        try:
+            parts[name]()
+        except SectionTimeout:
+            section.not_run(name, "the section's time budget ran out during it")
+            for later in names[index + 1:]:
+                section.not_run(later, "the section's time budget ran out before it")
+            return
+        except Exception as error:
+            section.data.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"[:2000]
+            section.data.setdefault("tracebacks", {})[name] = traceback.format_exc()[-4000:]
+            section.check(f"{name}: errors", 1, 0)
+        finally:
+            release_memory()
+
+
+def performance_parts(profile: Profile, section: SectionRecord) -> dict[str, Callable[[], None]]:
+    """The performance section's parts, cheapest and most wanted first, so that what is measured before the budget
+    runs out is what matters most: memory; eager training at both batch sizes; the routing operation's bandwidth;
+    kernels and GPU-busy time; eager decoding; decoding under CUDA graphs; compiled training, whose compilation
+    takes minutes at the 0.6B shape."""
+    from benchmarks.routing_overhead import GreedyDecoder, training_step
+
+    settings = performance_settings(profile, profile.perf_variants)
+    compiled = performance_settings(profile, profile.compiled_variants)
+    shape, device = settings.train_shape, profile.device
+
+    def batch(tokens: tuple[int, int]) -> torch.Tensor:
+        return torch.randint(0, shape["vocab_size"], tokens, device=device)
+
+    short, long = batch(profile.perf_tokens), batch(profile.long_tokens)
+    prompt = batch((1, settings.prompt))
+    section.figure("shape", {"layers": shape["num_hidden_layers"], "hidden": shape["hidden_size"],
+                             "dtype": "bfloat16", "training_tokens": list(profile.perf_tokens),
+                             "training_long_tokens": list(profile.long_tokens),
+                             "decoding": {"prompt": settings.prompt, "new_tokens": settings.new_tokens},
+                             "decoding_cuda_graphs": dict(zip(("prompt", "new_tokens"), profile.graph_decode))})
+
+    def compiled_step(model) -> Callable[[], None]:
+        return training_step(torch.compile(model, backend=profile.compile_backend, fullgraph=True), short)
+
+    return {
+        "memory": lambda: check_memory(settings, section, short),
+        "training": lambda: time_against_qwen3(
+            section, "training", settings, shape, lambda model: training_step(model, short),
+            paired_runs(profile.training_pairs, 1, device), EAGER_IMPLEMENTATIONS, short.numel()),
+        "training_long": lambda: time_against_qwen3(
+            section, "training_long", settings, shape, lambda model: training_step(model, long),
+            paired_runs(profile.long_training_pairs, 1, device), EAGER_IMPLEMENTATIONS, long.numel()),
+        "routing_op_bandwidth": lambda: routing_op_bandwidth(profile, settings, section),
+        "kernels": lambda: kernels_and_gpu_busy(profile, settings, section, short),
+        "decoding": lambda: time_against_qwen3(
+            section, "decoding", settings, shape, lambda model: GreedyDecoder(model, prompt),
+            paired_decoders(settings), EAGER_IMPLEMENTATIONS, settings.new_tokens, share_weights=True),
+        "decoding_cuda_graphs": lambda: decoding_under_cuda_graphs(profile, settings, section),
+        "compiled_training": lambda: time_against_qwen3(
+            section, "compiled_training", compiled, shape, compiled_step,
+            paired_runs(profile.training_pairs, 1, device), COMPILED_IMPLEMENTATIONS, short.numel()),
+    }  # fmt: skip
 
 
 def check_performance(profile: Profile, section: SectionRecord) -> None:
-    """Memory first, then eager training, decoding, and compiled training last: what is measured is kept if the
-    budget runs out on the way."""
-    from benchmarks import routing_overhead
-
-    settings = performance_settings(profile)
-    section.figure("shape", {"layers": settings.train_shape["num_hidden_layers"],
-                             "hidden": settings.train_shape["hidden_size"], "tokens": [settings.batch, settings.seq],
-                             "dtype": "bfloat16"})  # fmt: skip
+    """Ratios to Qwen3 of the same shape in the same run, each beside its goal; checked only for having been
+    measured (see `run_parts`)."""
     with torch.device(profile.device):  # the models are built on the device, not built on the CPU and moved
-        memory = memory_ratios(settings)
-        section.figure("memory", memory)
-        for label in profile.perf_variants:
-            limit = routing_overhead.MAX_MEMORY[label] if profile.targets else math.inf
-            section.check(f"saved activations, {label} / qwen3", memory["saved_activations"][label], limit)
-        check_speed(profile, section, "training", routing_overhead.measure_training(settings))
-        check_speed(profile, section, "decoding", routing_overhead.measure_decoding(settings))
-        variants = [variant for variant in settings.variants if variant[0] in ("qwen3", *profile.compiled_variants)]
-        compiled = replace(settings, variants=variants, build_orders=("qwen3_first",),
-                           routing_implementation=None)  # the default under torch.compile: the compiled one
-        check_speed(profile, section, "compiled_training", routing_overhead.measure_compiled_training(compiled))
+        run_parts(section, performance_parts(profile, section))
 
 
 # --- learning -----------------------------------------------------------------------------------------------------
@@ -715,17 +989,40 @@ def worst_check(data: dict) -> str:
     return f"{verdict}: {check['name']} = {check['value']:.3g} (needs {sign} {check['limit']:.3g})"
 
 
+def summary(data: dict) -> str:
+    """A section's last column: why it stopped; else, where it has goals and no failed check, how many it met and
+    which parts it did not run; else its worst check."""
+    goals, checks = data.get("goals", []), data.get("checks", [])
+    if data.get("reason") or not goals or not all(check["pass"] for check in checks):
+        return data.get("reason") or worst_check(data)
+    not_run = f"; not run: {', '.join(data['not_run'])}" if data.get("not_run") else ""
+    return f"goals met: {sum(goal['met'] for goal in goals)} of {len(goals)} (below){not_run}"
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    return "\n".join(lines)
+
+
+def goals_table(run: Run) -> str:
+    """Every figure that has a goal, beside it (reported, not checked); empty when none was measured."""
+    rows = [["figure", "value", "goal", "met"]]
+    for data in run.sections().values():
+        rows += [[goal["name"], f"{goal['value']:.3f}", f"{goal['passes_if'].split()[1]} {goal['goal']:g}",
+                  "yes" if goal["met"] else "no"] for goal in data.get("goals", [])]  # fmt: skip
+    return f"\nGoals (reported, not checked):\n\n{markdown_table(rows)}\n" if len(rows) > 1 else ""
+
+
 def table(run: Run) -> str:
     rows = [["section", "status", "seconds", "budget", "checks", "worst check, or why"]]
     for name, data in run.sections().items():
         checks = data.get("checks", [])
         passed = sum(check["pass"] for check in checks)
         rows.append([name, data["status"], str(data.get("seconds", "")), f"{data['budget_seconds']:.0f}",
-                     f"{passed}/{len(checks)}", data.get("reason") or worst_check(data)])  # fmt: skip
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "---|" * len(rows[0]))
+                     f"{passed}/{len(checks)}", summary(data)])  # fmt: skip
     verdict = "all sections passed or were skipped" if run.report.get("passed") else "some sections did not pass"
-    return "\n".join(lines) + f"\n\n{verdict}; details in {run.out / 'gpu_check.json'}\n"
+    return f"{markdown_table(rows)}\n\n{verdict}; details in {run.out / 'gpu_check.json'}\n{goals_table(run)}"
 
 
 def write_table(run: Run) -> None:

@@ -34,13 +34,63 @@ def test_the_rehearsal_runs_every_section_and_passes(tmp_path):
         assert sections[name]["checks"] and all(check["pass"] for check in sections[name]["checks"])
     implementations = {check["name"].split(":")[0] for check in sections["implementations"]["checks"]}
     assert implementations == {f"{mode} {dtype} {name}" for mode in gpu_check.MODES
-                               for dtype in ("float32", "bfloat16") for name in ("buffer", "compiled")}
+                               for dtype in ("float32", "bfloat16") for name in ("buffer", "compiled", "fused")}
     assert sections["implementations"]["not_run"]["fla"].startswith("flash-linear-attention is not installed")
-    assert set(sections["performance"]["figures"]["memory"]) == {"saved_activations"}  # peak memory: CUDA only
+    check_performance_rehearsal(sections["performance"])
     assert all(len(sections["learning"]["figures"][f"{mode} losses"]) == 20 for mode in ("baseline", "delta_block"))
     table = (tmp_path / "gpu_check.md").read_text()
     assert table in completed.stdout and "all sections passed or were skipped" in table
     assert [line.split(" | ")[0] for line in table.splitlines()[2:8]] == [f"| {name}" for name in gpu_check.SECTIONS]
+    goals = sections["performance"]["goals"]
+    assert f"| goals met: {sum(goal['met'] for goal in goals)} of 17 (below); not run: kernels, " in table
+    assert "Goals (reported, not checked):" in table and "| training_long: delta fused / qwen3 | " in table
+
+
+def check_performance_rehearsal(performance: dict) -> None:
+    """The performance section's figures at the rehearsal's shapes (2 layers, width 64, bfloat16): every variant
+    with both eager implementations, the compiled parts with `fused`, the CUDA-only parts named as not measured."""
+    figures = performance["figures"]
+    assert set(figures) == {"shape", "memory", "training", "training_long", "routing_op_bandwidth", "decoding",
+                            "decoding_static_cache_eager", "compiled_training"}
+    both = {"buffer", "fused"}
+    assert {kind: {label: set(ratios) for label, ratios in by_variant.items()}
+            for kind, by_variant in figures["memory"].items()} == {  # peak memory: CUDA only
+        "saved_activations": {"delta_block": both, "delta": both}}
+    timed = {"training": both, "training_long": both, "decoding": both, "decoding_static_cache_eager": {"fused"}}
+    for figure, implementations in timed.items():
+        assert {label: set(figures[figure][label]) for label in ("delta_block", "delta")} == dict.fromkeys(
+            ("delta_block", "delta"), implementations), figure
+        assert set(figures[figure]["first_call_seconds"]) == {"qwen3"} | {
+            f"{label} {name}" for label in ("delta_block", "delta") for name in implementations}
+    assert set(figures["compiled_training"]) == {"delta_block", "first_call_seconds", "qwen3_tokens_per_s"}
+    assert figures["shape"]["training_long_tokens"] == [1, 64]
+    # What each routing operation must move, in bytes, at 1 x 64 tokens of width 64: bfloat16 sources, residual,
+    # output and gradients, float32 w, routing weights and its gradient.
+    bandwidth = figures["routing_op_bandwidth"]
+    tokens, width = 64, 64
+    for label, sources in (("delta_block", 2), ("delta", 4)):
+        assert bandwidth[label]["sources"] == sources
+        hidden = tokens * width * 2
+        assert bandwidth[label]["route"]["bytes"] == sources * hidden + 2 * hidden + width * 4 + tokens * sources * 4
+        assert bandwidth[label]["route_backward"]["bytes"] == (
+            hidden + 2 * sources * hidden + 2 * width * 4 + tokens * sources * 4)
+        assert bandwidth[label]["copy"]["bytes"] == 2 * sources * hidden
+        for name in ("route", "route_backward", "copy"):
+            assert bandwidth[label][name]["bytes_per_s"] > 0
+            assert bandwidth[label][name]["of_memory_bandwidth"] == "not measured on cpu"
+    assert bandwidth["memory_bandwidth_bytes_per_s"] == "not measured on cpu"
+    assert performance["not_run"]["kernels"].startswith("not measured on cpu: ")
+    assert performance["not_run"]["decoding_cuda_graphs"].startswith("not measured on cpu: ")
+    # Every measured ratio beside its goal, none of them a check that can fail.
+    goals = {goal["name"]: goal for goal in performance["goals"]}
+    assert len(goals) == 17
+    assert goals["training_long: delta fused / qwen3"]["value"] == figures["training_long"]["delta"]["fused"]
+    assert goals["training_long: delta fused / qwen3"]["goal"] == 0.90
+    assert goals["saved_activations: delta_block buffer / qwen3"]["passes_if"] == "value <= goal"
+    assert all(goal["met"] == (goal["value"] >= goal["goal"] if goal["passes_if"] == "value >= goal"
+                               else goal["value"] <= goal["goal"]) for goal in goals.values())
+    assert {check["name"] for check in performance["checks"]} == {f"{name}: measured" for name in goals} | {
+        f"decoding_static_cache_eager: {label} fused / qwen3: measured" for label in ("delta_block", "delta")}
 
 
 def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_still_run(tmp_path):
@@ -128,3 +178,52 @@ def test_a_non_finite_attention_result_is_checked_against_plain_qwen3(monkeypatc
     assert failed == {f"{mode} sdpa {dtype}" for mode in gpu_check.MODES for dtype in ("float32", "bfloat16")}
     assert section.data["figures"]["qwen3 sdpa float32: gradients finite"] is False
     assert section.data["figures"]["qwen3 sdpa bfloat16: gradients finite"] is False
+
+
+def test_the_performance_parts_after_a_budget_runs_out_are_not_run_and_an_error_is_recorded(tmp_path):
+    run = gpu_check.Run(tmp_path, {"settings": {}, "sections": {}})
+    ran = []
+
+    def performance(section):
+        gpu_check.run_parts(section, {
+            "raises": lambda: 1 / 0,
+            "measures": lambda: gpu_check.record_goal(section, "training", "delta", "training: delta / qwen3", 0.9),
+            "runs_out": lambda: time.sleep(30),
+            "after": lambda: ran.append("after"),
+        })  # fmt: skip
+
+    with (tmp_path / "log").open("w") as log:
+        gpu_check.run_sections(run, {"performance": performance}, {"performance": 1.0}, log)
+    data = run.sections()["performance"]
+    assert data["status"] == "fail" and data["seconds"] < 5 and not ran
+    assert data["errors"] == {"raises": "ZeroDivisionError: division by zero"}
+    assert [(check["name"], check["pass"]) for check in data["checks"]] == [
+        ("raises: errors", False), ("training: delta / qwen3: measured", True)]
+    assert data["goals"] == [{"name": "training: delta / qwen3", "value": 0.9, "goal": 0.85,
+                              "passes_if": "value >= goal", "met": True}]
+    assert data["not_run"] == {"runs_out": "the section's time budget ran out during it",
+                               "after": "the section's time budget ran out before it"}
+
+
+def test_gpu_activity_counts_the_kernels_and_the_busy_time_within_the_profiled_step():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, start, end, device=DeviceType.CUDA, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    step = gpu_check.PROFILED_STEP
+    events = [
+        event(step, 100, 200, DeviceType.CPU, annotation=True),
+        event(step, 100, 200, annotation=True),  # the step's range on the GPU's timeline: not an activity
+        event("aten::mm", 100, 110, DeviceType.CPU),
+        event("gemm", 110, 130),
+        event("softmax", 120, 140),  # overlaps the one before: busy 110-140
+        event("Memcpy DtoD (Device -> Device)", 150, 160),  # busy, not a kernel
+        event("Memset (Device)", 155, 158),  # within the copy
+        event("tail", 190, 230),  # past the step's end: only its first 10 count
+        event("before", 50, 90),  # before the step: not counted
+    ]
+    assert gpu_check.gpu_activity(events, step) == {"kernels": 3, "gpu_busy": (30 + 10 + 10) / 100}
