@@ -237,7 +237,8 @@ def _check_vllm_compilation(config: DeltaQwen3Config) -> None:
     feeding per-token routing is the pattern that triggers it (docs/SERVING.md). vLLM's eager mode computes the
     right tokens. Models are built by vLLM only with its own attention, which is how this check knows vLLM is
     building it."""
-    if config._attn_implementation != "vllm" or not ROUTING_MODES[config.routing_mode].miscompiled_on_cpu_before_torch_2_14:
+    mode = ROUTING_MODES[config.routing_mode]
+    if config._attn_implementation != "vllm" or not mode.miscompiled_on_cpu_before_torch_2_14:
         return
     if inductor_orders_out_variant_writes_right():
         return

@@ -24,8 +24,8 @@ The training regime's backward pass:
   part through `r_j`, with `G_p` the gradient of point p's output and `s_pj = x_j . w_p`. Accumulating it point by
   point would read and write every source's gradient at every point. Instead each point's backward stores `G_p`
   and its per-token coefficients, and a source's gradient is assembled in one batched product when autograd
-  reaches the source: after every point that reads it, because each point takes the latest source's `token`, and
-  each source's token is an input of the next source's.
+  reaches the source: after every point that reads it, because each point takes the latest source's `order`, an empty
+  tensor that orders autograd, and each source's `order` is an input of the next source's.
 - When every point's `w_p` is known before the forward pass (`routing_points.PointTable` stacks them when the parameters
   are ordinary tensors on one device, not sharded or offloaded), each source's logits `r_j (x_j . w_p)` against
   all later points are one matrix product at the moment it is written, and its part of the points' `dL/dw_p` one
@@ -33,7 +33,7 @@ The training regime's backward pass:
   point that reads it. Without autograd too: a prompt's forward pass then reads each source once per point
   instead of twice. A decoding step takes each point's logits when it runs (see `_ManyTokenStorage`); it keeps
   nothing for the next step, which depends on its arguments alone (an exported program carries no more).
-- With the gates stacked up front too, a point that reads no extra source leaves its backward pass to its newest
+- With the gates stacked up front too, a point that reads no source of its own leaves its backward pass to its newest
   source (`_deferred_point_backward`): there, the dot products of the sources with the output gradients of every
   point whose newest source it is are one batched product, which reads each source once for all of them rather
   than once per point.
@@ -84,8 +84,8 @@ class _BetweenGraphs:
         self.sources.append(x)
 
     @torch.compiler.disable
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sources.route(point, residual, extra)
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sources.route(point, residual, own_source)
 
     def to(self, *args, **kwargs) -> "_BetweenGraphs":
         self.sources = self.sources.to(*args, **kwargs)
@@ -115,7 +115,7 @@ class _ManyTokenStorage:
     def __init__(self, h0: torch.Tensor, plan, table):
         self.capacity, self.max_points = plan.capacity, len(plan.points)
         self.queries = table.queries  # [points, D] or None
-        self.shape, self.dtype, self.acc = h0.shape, h0.dtype, compute_dtype(h0.dtype)
+        self.shape, self.dtype, self.compute = h0.shape, h0.dtype, compute_dtype(h0.dtype)
         self.count = 0  # sources written
         self.points = 0  # routing points evaluated
         keep = self.keeps_for_backward
@@ -124,15 +124,15 @@ class _ManyTokenStorage:
         self.logits_up_front = self.queries is not None and not decoding
         self.values = h0.new_empty(self.capacity, tokens, hidden)  # in the model's dtype
         # [capacity, tokens] in the compute dtype, when kept
-        self.inv_rms = h0.new_empty(self.capacity, tokens, dtype=self.acc) if keep or not self.logits_up_front else None
+        self.inv_rms = h0.new_empty(self.capacity, tokens, dtype=self.compute) if keep or not self.logits_up_front else None
         # [capacity, points, tokens]: r_j (x_j . w_p), when kept
         self.logits = (
-            h0.new_empty(self.capacity, self.max_points, tokens, dtype=self.acc)
+            h0.new_empty(self.capacity, self.max_points, tokens, dtype=self.compute)
             if keep or self.logits_up_front
             else None
         )
-        self._eps = h0.new_full((), plan.eps, dtype=self.acc)
-        self._weight_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.acc)  # see `_weights`
+        self._eps = h0.new_full((), plan.eps, dtype=self.compute)
+        self._weight_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.compute)  # see `_weights`
         self._make_views()
 
     def _make_views(self) -> None:
@@ -148,7 +148,7 @@ class _ManyTokenStorage:
     def write(self, x: torch.Tensor) -> None:
         slot = self.count
         self._value_slots[slot].copy_(x)
-        x = as_dtype(x, self.acc)
+        x = as_dtype(x, self.compute)
         r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
         if self.logits_up_front:  # the logits against the points still to run
             later = slice(self.points, self.max_points)
@@ -156,7 +156,7 @@ class _ManyTokenStorage:
             logits_against_points(self._queries[later], source, r.view(-1), out=self._logit_slots[slot][later])
         self.count += 1
 
-    def mix(self, point, residual, extra):
+    def mix(self, point, residual, own_source):
         """A routing point's forward pass over every source written so far; returns the routed tensor, the
         routing weights `[sources, tokens]`, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources,
         tokens]` that its backward pass needs."""
@@ -164,29 +164,29 @@ class _ManyTokenStorage:
         self.points = p + 1
         values = self.values[:n]
         _, tokens, hidden = values.shape
-        acc = self.acc
-        x = as_dtype(values, acc)
+        compute = self.compute
+        x = as_dtype(values, compute)
         inv_rms = None if self.inv_rms is None else self.inv_rms[:n]
         if self.logits_up_front:
             logits = self._logits_by_point[p][:n]
         else:  # into the logits buffer when there is one, for the backward pass
             out = None if self.logits is None else self._logits_by_point[p][:n]
             logits = point_logits(x, point.w, inv_rms, out=out)
-        if extra is not None:
-            e = as_dtype(extra.reshape(tokens, hidden), acc)
-            extra_inv_rms = inverse_rms(e, self._eps)[None]
-            logits = torch.cat([logits, point_logits(e, point.w, extra_inv_rms[0])[None]])
-            inv_rms = None if inv_rms is None else torch.cat([inv_rms, extra_inv_rms])
+        if own_source is not None:
+            e = as_dtype(own_source.reshape(tokens, hidden), compute)
+            own_inv_rms = inverse_rms(e, self._eps)[None]
+            logits = torch.cat([logits, point_logits(e, point.w, own_inv_rms[0])[None]])
+            inv_rms = None if inv_rms is None else torch.cat([inv_rms, own_inv_rms])
         # Softmax along the tokens' contiguous axis, many times faster than along a short last axis of sources.
         alpha = routing_weights(logits, sources_dim=0)  # [sources, tokens]
         weights, weights_by_token = self._weights(alpha.shape[0])
         if point.gate is None:
             weights.copy_(alpha)
         else:
-            torch.mul(alpha, as_dtype(point.gate, acc), out=weights)
-        residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), acc)
+            torch.mul(alpha, as_dtype(point.gate, compute), out=weights)
+        residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), compute)
         out = weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
-        if extra is not None:
+        if own_source is not None:
             out.addcmul_(e[:, None], weights_by_token[:, :, n:])
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
@@ -217,9 +217,9 @@ class PromptBuffer(_ManyTokenStorage):
     def append(self, x: torch.Tensor) -> None:
         self.write(x)
 
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         """See `routing_sources.Sources.route`."""
-        routed, alpha = self.mix(point, residual, extra)[:2]
+        routed, alpha = self.mix(point, residual, own_source)[:2]
         return routed, alpha.T
 
     def to(self, *args, **kwargs) -> "PromptBuffer":
@@ -248,7 +248,7 @@ class _TrainingStorage(_ManyTokenStorage):
         if self.store is None:
             _, tokens, hidden = self.values.shape
             self.store = _BackwardStore(
-                self.max_points, self.capacity, tokens, hidden, self.values, self.acc, self.queries is not None
+                self.max_points, self.capacity, tokens, hidden, self.values, self.compute, self.queries is not None
             )
         return self.store
 
@@ -259,16 +259,16 @@ class TrainingBuffer:
 
     def __init__(self, h0: torch.Tensor, plan, table):
         self.storage = _TrainingStorage(h0, plan, table)
-        # The latest source's token. Only this object holds it: the autograd graph it leads to holds the storage,
+        # The latest source's `order` (an empty tensor: see the module docstring). Only this object holds it: the autograd graph it leads to holds the storage,
         # and a reference back from the storage would make a cycle that keeps the whole graph alive.
-        self.token: torch.Tensor | None = None
+        self.order: torch.Tensor | None = None
 
     def append(self, x: torch.Tensor) -> None:
-        self.token = _AppendSource.apply(self.storage, x, self.token, self.storage.queries, self.storage.gates)
+        self.order = _AppendSource.apply(self.storage, x, self.order, self.storage.queries, self.storage.gates)
 
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         """See `routing_sources.Sources.route`."""
-        return _Route.apply(self.storage, self.token, residual, point.gate, point.w, extra, point)
+        return _Route.apply(self.storage, self.order, residual, point.gate, point.w, own_source, point)
 
     def to(self, *args, **kwargs) -> "TrainingBuffer":
         self.storage.to(*args, **kwargs)
@@ -286,13 +286,13 @@ class OneTokenBuffer:
     the query rows."""
 
     def __init__(self, h0: torch.Tensor, plan, table):
-        self.capacity, self.dtype, self.acc = plan.capacity, h0.dtype, compute_dtype(h0.dtype)
+        self.capacity, self.dtype, self.compute = plan.capacity, h0.dtype, compute_dtype(h0.dtype)
         self.shape, hidden = h0.shape, h0.shape[-1]
         self.count = 0  # sources written
-        padded = h0.new_zeros(self.capacity, hidden + 32, dtype=self.acc)
+        padded = h0.new_zeros(self.capacity, hidden + 32, dtype=self.compute)
         padded[:, hidden] = math.sqrt(hidden * plan.eps)
         self.padded = padded
-        self.norms = h0.new_empty(self.capacity, dtype=self.acc)
+        self.norms = h0.new_empty(self.capacity, dtype=self.compute)
         self.queries = table.queries
         # The gates as numbers, read once rather than at every point.
         self._gate_values = None if table.gates is None else table.gates.tolist()
@@ -314,18 +314,18 @@ class OneTokenBuffer:
 
     def _write(self, slot: int, x: torch.Tensor) -> None:
         self._value_slots[slot].copy_(x)
-        padded_norm(self._padded_slots[slot], self.acc, out=self._norm_slots[slot])
+        padded_norm(self._padded_slots[slot], self.compute, out=self._norm_slots[slot])
 
     def append(self, x: torch.Tensor) -> None:
         self._write(self.count, x)
         self.count += 1
 
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing_sources.Sources.route`. `extra` is written into the slot after the sources, which the next source
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `routing_sources.Sources.route`. `own_source` is written into the slot after the sources, which the next source
         takes."""
         n, p = self.count, point.index
-        if extra is not None:
-            self._write(n, extra)
+        if own_source is not None:
+            self._write(n, own_source)
             n += 1
         x, x_transposed, norms = self._prefixes[n]  # [1, n, D], [1, D, n], [1, 1, n]
         if self._query_rows is not None:
@@ -334,11 +334,11 @@ class OneTokenBuffer:
             scaled_w = (point.w * math.sqrt(point.w.shape[-1])).view(1, 1, -1)
         alpha = routing_weights(one_token_logits(scaled_w, x_transposed, norms), sources_dim=-1)  # [1, 1, n]
         gate = point.gate if self._gate_values is None else self._gate_values[p]
-        weights, scale = (alpha * as_dtype(gate, self.acc), 1) if isinstance(gate, torch.Tensor) else (alpha, gate)
+        weights, scale = (alpha * as_dtype(gate, self.compute), 1) if isinstance(gate, torch.Tensor) else (alpha, gate)
         if residual is None:
             out = torch.bmm(weights, x) if scale is None else torch.bmm(weights, x).mul_(scale)
         else:  # the gate, a number, scales the product inside `baddbmm`
-            out = torch.baddbmm(as_dtype(residual, self.acc), weights, x, alpha=1 if scale is None else scale)
+            out = torch.baddbmm(as_dtype(residual, self.compute), weights, x, alpha=1 if scale is None else scale)
         return as_dtype(out, self.dtype), alpha
 
     def to(self, *args, **kwargs) -> "OneTokenBuffer":
@@ -357,13 +357,13 @@ class _BackwardStore:
     A point that received no gradient wrote nothing: its rows are zeroed when first read (not at allocation: on CPU,
     zeroing buffers this size costs as much as routing)."""
 
-    def __init__(self, points: int, capacity: int, tokens: int, hidden: int, like: torch.Tensor, acc: torch.dtype,
+    def __init__(self, points: int, capacity: int, tokens: int, hidden: int, like: torch.Tensor, compute: torch.dtype,
                  queries_known: bool):
         self.received = [False] * points
         self.grad_out = like.new_empty(points, tokens, hidden)  # G_p, in the model's dtype
-        self.weights = like.new_empty(points, capacity, tokens, dtype=acc)
-        self.logit_grads = like.new_empty(points, capacity, tokens, dtype=acc)
-        self.w = None if queries_known else like.new_empty(points, hidden, dtype=acc)
+        self.weights = like.new_empty(points, capacity, tokens, dtype=compute)
+        self.logit_grads = like.new_empty(points, capacity, tokens, dtype=compute)
+        self.w = None if queries_known else like.new_empty(points, hidden, dtype=compute)
         # Each point's rows, made once: indexing costs a dispatched operation per point.
         self.grad_out_rows, self.weight_rows, self.logit_grad_rows = (
             buffer.unbind(0) for buffer in (self.grad_out, self.weights, self.logit_grads)
@@ -381,7 +381,7 @@ class _BackwardStore:
 
 class _AppendSource(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _TrainingStorage, x: torch.Tensor, token: torch.Tensor | None, queries, gates):
+    def forward(ctx, sources: _TrainingStorage, x: torch.Tensor, order: torch.Tensor | None, queries, gates):
         ctx.set_materialize_grads(False)
         sources.write(x)
         ctx.sources, ctx.slot, ctx.shape, ctx.dtype = sources, sources.count - 1, x.shape, x.dtype
@@ -389,7 +389,7 @@ class _AppendSource(torch.autograd.Function):
         return x.new_empty(0)
 
     @staticmethod
-    def backward(ctx, _grad_token):
+    def backward(ctx, _grad_order):
         """Source j's gradient from every point p that read it, in a few products over the points:
         `sum_p gamma_p alpha_pj G_p + r_j (dL/dl_pj) w_p`, plus the part through `r_j`, with `dL/dr_j = sum_p
         (dL/dl_pj) s_pj` for the scores `s_pj = x_j . w_p = l_pj / r_j`; first, the backward passes that the
@@ -433,18 +433,18 @@ def _deferred_point_backward(sources: _TrainingStorage, j: int) -> torch.Tensor 
     if not deferred:
         return None
     grad_gates = None if sources.gates is None else sources.gates.new_zeros(sources.gates.shape)
-    acc, device = store.weights.dtype, store.weights.device
-    values = as_dtype(sources.values[:n].to(device), acc).permute(1, 2, 0)  # [tokens, D, n]
+    compute, device = store.weights.dtype, store.weights.device
+    values = as_dtype(sources.values[:n].to(device), compute).permute(1, 2, 0)  # [tokens, D, n]
     # Runs of consecutive points, each a slice of the store: usually all of them, one run.
     for start in (p for p in deferred if p - 1 not in deferred):
         stop = start + 1
         while stop in deferred:
             stop += 1
         points = slice(start, stop)
-        grad_outs = as_dtype(store.grad_out[points], acc).transpose(0, 1)  # [tokens, points, D]
+        grad_outs = as_dtype(store.grad_out[points], compute).transpose(0, 1)  # [tokens, points, D]
         dots = torch.bmm(grad_outs, values).permute(1, 2, 0)  # x_j . G_p: [points, n, tokens]
         alpha = routing_weights(sources.logits[:n, points].to(device), sources_dim=0).transpose(0, 1)  # [points, n, tokens]
-        gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), acc).view(-1, 1, 1)
+        gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), compute).view(-1, 1, 1)
         logit_grads, weights, per_token = mixture_backward(alpha, dots, gates, sources_dim=1)
         if grad_gates is not None:
             grad_gates[points] = per_token.sum((1, 2)).to(grad_gates)
@@ -455,28 +455,28 @@ def _deferred_point_backward(sources: _TrainingStorage, j: int) -> torch.Tensor 
 
 class _Route(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sources: _TrainingStorage, token, residual, gate, w, extra, point):
+    def forward(ctx, sources: _TrainingStorage, order, residual, gate, w, own_source, point):
         """`point` is the resolved point whose `gate` and `w` are also arguments of their own, for their gradients."""
         ctx.set_materialize_grads(False)
         ctx.sources, ctx.n, ctx.p, ctx.has_residual = sources, sources.count, point.index, residual is not None
         # Left to the newest source when the logits and gates are known there: see `_deferred_point_backward`.
-        ctx.deferred = sources.queries is not None and extra is None and (gate is None) == (sources.gates is None)
+        ctx.deferred = sources.queries is not None and own_source is None and (gate is None) == (sources.gates is None)
         sources.deferred.append(ctx.deferred)
-        routed, alpha, logits, inv_rms = sources.mix(point, residual, extra)
+        routed, alpha, logits, inv_rms = sources.mix(point, residual, own_source)
         # Saved whether or not they are read here, so that saved-tensor hooks see every buffer backward reads. The
         # logits through a fresh alias: later points write their own logits into the same buffer. The gate and `w`
         # only where this backward reads them.
         values = sources.values[: ctx.n]
         saved_alpha, saved_gate = (None, None) if ctx.deferred else (alpha, gate)
-        saved_w = w if extra is not None or not sources.logits_up_front else None
-        ctx.save_for_backward(values, saved_alpha, saved_gate, extra, logits.data, inv_rms, saved_w)
+        saved_w = w if own_source is not None or not sources.logits_up_front else None
+        ctx.save_for_backward(values, saved_alpha, saved_gate, own_source, logits.data, inv_rms, saved_w)
         weights = alpha.T
         ctx.mark_non_differentiable(weights)
         return routed, weights
 
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
-        """Point p's own gradients (its gate, its `w_p` unless known up front, `extra`, the residual), and what its
+        """Point p's own gradients (its gate, its `w_p` unless known up front, `own_source`, the residual), and what its
         sources' gradients need from it, left in the backward store (see `_AppendSource.backward`); a deferred
         point leaves only its output gradient."""
         if grad_out is None:  # the routed output did not reach the loss
@@ -489,35 +489,35 @@ class _Route(torch.autograd.Function):
         grad_residual = grad_out if ctx.has_residual else None
         if ctx.deferred:
             return None, None, grad_residual, None, None, None, None
-        values, alpha, gate, extra, logits, inv_rms, w = ctx.saved_tensors
+        values, alpha, gate, own_source, logits, inv_rms, w = ctx.saved_tensors
         _, tokens, hidden = values.shape
-        acc = alpha.dtype
-        grad_acc = as_dtype(grad_out.reshape(tokens, 1, hidden), acc)
-        dots = torch.bmm(grad_acc, as_dtype(values, acc).permute(1, 2, 0)).view(tokens, n).T  # x_j . G: [n, tokens]
-        if extra is not None:
-            e = as_dtype(extra.reshape(tokens, hidden), acc)
+        compute = alpha.dtype
+        grad_acc = as_dtype(grad_out.reshape(tokens, 1, hidden), compute)
+        dots = torch.bmm(grad_acc, as_dtype(values, compute).permute(1, 2, 0)).view(tokens, n).T  # x_j . G: [n, tokens]
+        if own_source is not None:
+            e = as_dtype(own_source.reshape(tokens, hidden), compute)
             dots = torch.cat([dots, (e * grad_acc.view(tokens, hidden)).sum(-1)[None]])
-        gate_acc = None if gate is None else as_dtype(gate, acc)
+        gate_acc = None if gate is None else as_dtype(gate, compute)
         logit_grads, weights, per_token = mixture_backward(alpha, dots, gate_acc, sources_dim=0)
         grad_gate = None
         if gate is not None and ctx.needs_input_grad[3]:
             grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
         # Copied, not computed into the store: it is on the last point's device, which may not be this point's.
-        # Its rows for this point have room for `extra`'s, which are never read there.
+        # Its rows for this point have room for `own_source`'s, which are never read there.
         store.weight_rows[p][: len(alpha)].copy_(weights)
         store.logit_grad_rows[p][: len(alpha)].copy_(logit_grads)
 
         grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
-        if store.w is not None or extra is not None:
+        if store.w is not None or own_source is not None:
             score_grads = score_gradients(logit_grads, inv_rms)
         if store.w is not None:
             store.w[p] = w
-            grad_w = values.view(n * tokens, hidden).T.to(acc) @ score_grads[:n].reshape(n * tokens)
-        grad_extra = None
-        if extra is not None:
+            grad_w = values.view(n * tokens, hidden).T.to(compute) @ score_grads[:n].reshape(n * tokens)
+        grad_own_source = None
+        if own_source is not None:
             grad_w = e.T @ score_grads[n] if grad_w is None else grad_w.addmv_(e.T, score_grads[n])
-            grad_extra = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), weights[n, :, None])
-            extra_inv_rms_grad = inverse_rms_gradient(logit_grads[n, None], logits[n, None], inv_rms[n])
-            add_inverse_rms_gradient(grad_extra, e, inv_rms[n], extra_inv_rms_grad)
-            grad_extra = grad_extra.view(extra.shape).to(extra.dtype)
-        return None, None, grad_residual, grad_gate, grad_w, grad_extra, None
+            grad_own_source = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), weights[n, :, None])
+            own_inv_rms_grad = inverse_rms_gradient(logit_grads[n, None], logits[n, None], inv_rms[n])
+            add_inverse_rms_gradient(grad_own_source, e, inv_rms[n], own_inv_rms_grad)
+            grad_own_source = grad_own_source.view(own_source.shape).to(own_source.dtype)
+        return None, None, grad_residual, grad_gate, grad_w, grad_own_source, None

@@ -50,10 +50,10 @@ class CompiledSources(SourceList):
         super().append(x)
         self.source_logits.append(None if self.queries is None else logits_against_points(self.queries, *self._rows(x)))
 
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         """See `routing_sources.Sources.route`."""
-        tensors = self.tensors if extra is None else [*self.tensors, extra]
-        scores = [*self.source_logits, None] if extra is not None else self.source_logits
+        tensors = self.tensors if own_source is None else [*self.tensors, own_source]
+        scores = [*self.source_logits, None] if own_source is not None else self.source_logits
         scores = [self._score(x, point.w) if s is None else s[point.index] for x, s in zip(tensors, scores)]
         alpha = routing_weights(torch.stack(scores), sources_dim=0)  # [n, tokens]
         like = tensors[0]

@@ -54,11 +54,11 @@ class FusedSources:
             self.slots[self.count].copy_(x)
         self.count += 1
 
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         """See `routing_sources.Sources.route`."""
         if self.grad:
-            return RouteFunction.apply(self.prefix, self.count, extra, point.w, point.gate, residual, self.eps)
-        return route(self.buffer, self.count, extra, point.w, point.gate, residual, self.eps)
+            return RouteFunction.apply(self.prefix, self.count, own_source, point.w, point.gate, residual, self.eps)
+        return route(self.buffer, self.count, own_source, point.w, point.gate, residual, self.eps)
 
     def to(self, *args, **kwargs) -> "FusedSources":
         """A copy on another device, the buffer copied with what it holds (accelerate's device hooks move the depth

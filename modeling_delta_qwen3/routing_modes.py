@@ -61,10 +61,10 @@ class DepthState:
     def starts_block(self, layer_idx: int) -> bool:
         return layer_idx > 0 and layer_idx % self.layers_per_block == 0
 
-    def _route(self, residual=None, extra=None) -> torch.Tensor:
+    def _route(self, residual=None, own_source=None) -> torch.Tensor:
         """Routes the next point: the points run in the plan's order, one routing weight tensor each."""
         point = self.table.resolve(len(self.routing_weights))
-        routed, weights = self.sources.route(point, residual, extra)
+        routed, weights = self.sources.route(point, residual, own_source)
         self.routing_weights.append(weights)
         return routed
 
@@ -229,7 +229,7 @@ class AttnResBlockState(DepthState):
     def routed_input(self, point):
         if point is None:
             return self.h0
-        return self._route(extra=self.partial)
+        return self._route(own_source=self.partial)
 
     def add_output(self, v):
         self.partial = v if self.partial is None else self.partial + v

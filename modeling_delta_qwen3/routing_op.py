@@ -1,10 +1,10 @@
 """A routing point as one registered operation, `torch.ops.delta_qwen3.route`, with its backward pass
 `torch.ops.delta_qwen3.route_backward`: eager mode, `torch.compile` and CUDA graphs each see one operation per point.
 
-    route(sources, count, extra, w, gate, residual, eps) -> (out, weights)
+    route(sources, count, own_source, w, gate, residual, eps) -> (out, weights)
 
 reads the first `count` sources of `sources` `[>= count, *tokens, D]` (a buffer read in place, by stride) and
-`extra`, a source that this point alone reads, and computes (`routing_math.py` has the formulas)
+`own_source`, a source that this point alone reads, and computes (`routing_math.py` has the formulas)
 
     out     = residual + gate * sum_j alpha_j x_j,     alpha_j = softmax_j( r_j (x_j . w) )
 
@@ -33,10 +33,10 @@ except ImportError:  # Triton is not installed
     routing_triton = None
 
 
-def _read(sources: torch.Tensor, count: int, extra: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+def _read(sources: torch.Tensor, count: int, own_source: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The sources a point reads, `[n, *tokens, D]` in `dtype`."""
     x = as_dtype(sources[:count], dtype)
-    return x if extra is None else torch.cat([x, as_dtype(extra, dtype)[None]])
+    return x if own_source is None else torch.cat([x, as_dtype(own_source, dtype)[None]])
 
 
 def _scores(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,13 +48,13 @@ def _scores(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor,
 def _route(
     sources: torch.Tensor,
     count: int,
-    extra: torch.Tensor | None,
+    own_source: torch.Tensor | None,
     w: torch.Tensor,
     gate: torch.Tensor | None,
     residual: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    x = _read(sources, count, extra, w.dtype)
+    x = _read(sources, count, own_source, w.dtype)
     alpha = routing_weights(_scores(x, w, eps)[1], sources_dim=0)
     out = torch.einsum("n...,n...d->...d", alpha, x)
     if gate is not None:
@@ -68,15 +68,15 @@ def _route_backward(
     grad_out: torch.Tensor,
     sources: torch.Tensor,
     count: int,
-    extra: torch.Tensor | None,
+    own_source: torch.Tensor | None,
     w: torch.Tensor,
     gate: torch.Tensor | None,
     weights: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The gradients of the sources read (`[count, *tokens, D]`), of `extra` (empty without it), of `w` and of the
+    """The gradients of the sources read (`[count, *tokens, D]`), of `own_source` (empty without it), of `w` and of the
     gate (empty without it), from the gradient of `out` and the routing weights the forward pass returned."""
-    x = _read(sources, count, extra, w.dtype)
+    x = _read(sources, count, own_source, w.dtype)
     grad = as_dtype(grad_out, w.dtype)
     inv_rms, point_logits = _scores(x, w, eps)
     alpha = weights.movedim(-1, 0)
@@ -91,41 +91,41 @@ def _route_backward(
     grad_gate = w.new_empty(0) if gate is None else per_token.sum().reshape(gate.shape).to(gate.dtype)
     grad_sources = grad_x[:count].to(sources.dtype)
     # A copy: the outputs of an operation may not alias each other.
-    grad_extra = w.new_empty(0) if extra is None else grad_x[count].to(extra.dtype, copy=True)
-    return grad_sources, grad_extra, grad_w, grad_gate
+    grad_own_source = w.new_empty(0) if own_source is None else grad_x[count].to(own_source.dtype, copy=True)
+    return grad_sources, grad_own_source, grad_w, grad_gate
 
 
-def _route_fake(sources, count, extra, w, gate, residual, eps):
-    n = count + (extra is not None)
+def _route_fake(sources, count, own_source, w, gate, residual, eps):
+    n = count + (own_source is not None)
     return sources.new_empty(sources.shape[1:]), w.new_empty(*sources.shape[1:-1], n)
 
 
-def _route_backward_fake(grad_out, sources, count, extra, w, gate, weights, eps):
-    grad_extra = w.new_empty(0) if extra is None else torch.empty_like(extra)
+def _route_backward_fake(grad_out, sources, count, own_source, w, gate, weights, eps):
+    grad_own_source = w.new_empty(0) if own_source is None else torch.empty_like(own_source)
     grad_gate = w.new_empty(0) if gate is None else torch.empty_like(gate)
-    return sources.new_empty(count, *sources.shape[1:]), grad_extra, torch.empty_like(w), grad_gate
+    return sources.new_empty(count, *sources.shape[1:]), grad_own_source, torch.empty_like(w), grad_gate
 
 
 def _setup_context(ctx, inputs, output):
-    sources, count, extra, w, gate, residual, eps = inputs
+    sources, count, own_source, w, gate, residual, eps = inputs
     ctx.set_materialize_grads(False)  # the routing weights never have a gradient: no zeros made for them
-    ctx.save_for_backward(sources, extra, w, gate, output[1])
+    ctx.save_for_backward(sources, own_source, w, gate, output[1])
     ctx.count, ctx.eps, ctx.has_residual = count, eps, residual is not None
 
 
 def _backward(ctx, grad_out, _grad_weights):
     if grad_out is None:  # the routed output did not reach the loss
         return (None,) * 7
-    sources, extra, w, gate, weights = ctx.saved_tensors
+    sources, own_source, w, gate, weights = ctx.saved_tensors
     if ctx.count != sources.shape[0]:
         raise RuntimeError("delta_qwen3::route differentiates its sources only when it reads all of them")
-    grad_sources, grad_extra, grad_w, grad_gate = route_backward(
-        grad_out, sources, ctx.count, extra, w, gate, weights, ctx.eps
+    grad_sources, grad_own_source, grad_w, grad_gate = route_backward(
+        grad_out, sources, ctx.count, own_source, w, gate, weights, ctx.eps
     )
     return (
         grad_sources,
         None,
-        None if extra is None else grad_extra,
+        None if own_source is None else grad_own_source,
         grad_w,
         None if gate is None else grad_gate,
         grad_out if ctx.has_residual else None,
@@ -159,8 +159,8 @@ class RouteFunction(torch.autograd.Function):
     differentiable for every other caller (`torch.compile`, `torch.library.opcheck`)."""
 
     @staticmethod
-    def forward(ctx, sources, count, extra, w, gate, residual, eps):
-        inputs = (sources, count, extra, w, gate, residual, eps)
+    def forward(ctx, sources, count, own_source, w, gate, residual, eps):
+        inputs = (sources, count, own_source, w, gate, residual, eps)
         output = route(*inputs)
         _setup_context(ctx, inputs, output)
         ctx.mark_non_differentiable(output[1])

@@ -23,16 +23,16 @@ def depth_mix(
     `[..., D]`, for a point whose query `q` times RMSNorm weight `g` is `w` (`[D]`: `q . RMSNorm_g(x) = w . x /
     RMS(x)`): computed in float32 like Qwen3's RMSNorm (float64 for float64 sources), returned in the sources'
     dtype, with the routing weights `[tokens, n]`."""
-    acc = torch.promote_types(sources[0].dtype, torch.float32)
-    x = torch.stack(sources).to(acc)  # [n, ..., D]
+    compute = torch.promote_types(sources[0].dtype, torch.float32)
+    x = torch.stack(sources).to(compute)  # [n, ..., D]
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    logits = normed @ w.to(acc)  # [n, ...]
+    logits = normed @ w.to(compute)  # [n, ...]
     alpha = torch.softmax(logits, dim=0)
     mix = (alpha.unsqueeze(-1) * x).sum(0)  # [..., D]
     if gate is not None:
-        mix = gate.to(acc) * mix
+        mix = gate.to(compute) * mix
     if residual is not None:
-        mix = residual.to(acc) + mix
+        mix = residual.to(compute) + mix
     return mix.to(sources[0].dtype), alpha.reshape(len(sources), -1).T
 
 

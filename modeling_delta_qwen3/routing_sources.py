@@ -44,9 +44,9 @@ class Sources(Protocol):
         """Adds a source, shaped like `h0`."""
 
     def route(
-        self, point: ResolvedPoint, residual: torch.Tensor | None = None, extra: torch.Tensor | None = None
+        self, point: ResolvedPoint, residual: torch.Tensor | None = None, own_source: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gate * mix` (the residual 0 and the gate 1 when None) over the sources and `extra`, a source
+        """`residual + gate * mix` (the residual 0 and the gate 1 when None) over the sources and `own_source`, a source
         this point alone reads; and the routing weights `[tokens, n_sources]`."""
 
     def to(self, *args, **kwargs) -> "Sources":
@@ -72,7 +72,7 @@ class Implementation:
 
 class SourceList:
     """The sources of one forward pass as a list of tensors, each routing point calling `mixture` over them (and
-    over `extra`, a source that point alone reads): a function of `routing_reference.depth_mix`'s signature, which
+    over `own_source`, a source that point alone reads): a function of `routing_reference.depth_mix`'s signature, which
     each subclass sets."""
 
     mixture: Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -84,9 +84,9 @@ class SourceList:
     def append(self, x: torch.Tensor) -> None:
         self.tensors.append(x)
 
-    def route(self, point, residual=None, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual + gamma * mix` (see `Sources.route`) and the routing weights `[tokens, n_sources]`."""
-        tensors = self.tensors if extra is None else [*self.tensors, extra]
+        tensors = self.tensors if own_source is None else [*self.tensors, own_source]
         return self.mixture(tensors, point.w, self.eps, residual=residual, gate=point.gate)
 
     def carried(self) -> list[torch.Tensor]:

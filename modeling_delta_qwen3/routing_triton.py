@@ -45,31 +45,31 @@ def _softmax_step(x, query, hidden, eps, best, total, mix, weight_slot):
 
 @triton.jit(do_not_specialize=["count"])
 def _route_forward(
-    sources, source_stride, count, extra, w, gate, residual, out, weights, hidden, eps,
-    HAS_EXTRA: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    sources, source_stride, count, own_source, w, gate, residual, out, weights, hidden, eps,
+    HAS_OWN_SOURCE: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    acc = w.dtype.element_ty
+    compute = w.dtype.element_ty
     token = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
     mask = columns < hidden
     row = token * hidden + columns
-    n = count + HAS_EXTRA
+    n = count + HAS_OWN_SOURCE
     token_weights = weights + token * n
     query = tl.load(w + columns, mask=mask, other=0.0)
-    best = tl.full([], float("-inf"), acc)
-    total = tl.zeros([], acc)
-    mix = tl.zeros([BLOCK], acc)
+    best = tl.full([], float("-inf"), compute)
+    total = tl.zeros([], compute)
+    mix = tl.zeros([BLOCK], compute)
     for j in range(0, count):
-        x = tl.load(sources + j * source_stride + row, mask=mask, other=0.0).to(acc)
+        x = tl.load(sources + j * source_stride + row, mask=mask, other=0.0).to(compute)
         best, total, mix = _softmax_step(x, query, hidden, eps, best, total, mix, token_weights + j)
-    if HAS_EXTRA:
-        x = tl.load(extra + row, mask=mask, other=0.0).to(acc)
+    if HAS_OWN_SOURCE:
+        x = tl.load(own_source + row, mask=mask, other=0.0).to(compute)
         best, total, mix = _softmax_step(x, query, hidden, eps, best, total, mix, token_weights + count)
     mix = mix / total
     if HAS_GATE:
-        mix = mix * tl.load(gate).to(acc)
+        mix = mix * tl.load(gate).to(compute)
     if HAS_RESIDUAL:
-        mix += tl.load(residual + row, mask=mask, other=0.0).to(acc)
+        mix += tl.load(residual + row, mask=mask, other=0.0).to(compute)
     tl.store(out + row, mix.to(out.dtype.element_ty), mask=mask)
     for j in range(0, n):
         tl.store(token_weights + j, tl.exp(tl.load(token_weights + j) - best) / total)
@@ -87,39 +87,39 @@ def _source_gradient(x, query, grad, gamma, alpha, weighted_dots, hidden, eps):
 
 @triton.jit(do_not_specialize=["count"])
 def _route_backward(
-    grad_out, sources, source_stride, count, extra, w, gate, weights, hidden, eps,
-    grad_sources, grad_stride, grad_extra, grad_w_rows, per_token,
-    HAS_EXTRA: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr,
+    grad_out, sources, source_stride, count, own_source, w, gate, weights, hidden, eps,
+    grad_sources, grad_stride, grad_own_source, grad_w_rows, per_token,
+    HAS_OWN_SOURCE: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    acc = w.dtype.element_ty
+    compute = w.dtype.element_ty
     token = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
     mask = columns < hidden
     row = token * hidden + columns
-    token_weights = weights + token * (count + HAS_EXTRA)
+    token_weights = weights + token * (count + HAS_OWN_SOURCE)
     query = tl.load(w + columns, mask=mask, other=0.0)
-    grad = tl.load(grad_out + row, mask=mask, other=0.0).to(acc)
-    gamma = tl.load(gate).to(acc) if HAS_GATE else tl.full([], 1.0, acc)
-    weighted_dots = tl.zeros([], acc)  # c = sum_j alpha_j (x_j . G)
+    grad = tl.load(grad_out + row, mask=mask, other=0.0).to(compute)
+    gamma = tl.load(gate).to(compute) if HAS_GATE else tl.full([], 1.0, compute)
+    weighted_dots = tl.zeros([], compute)  # c = sum_j alpha_j (x_j . G)
     for j in range(0, count):
-        x = tl.load(sources + j * source_stride + row, mask=mask, other=0.0).to(acc)
+        x = tl.load(sources + j * source_stride + row, mask=mask, other=0.0).to(compute)
         weighted_dots += tl.load(token_weights + j) * tl.sum(x * grad)
-    if HAS_EXTRA:
-        x = tl.load(extra + row, mask=mask, other=0.0).to(acc)
+    if HAS_OWN_SOURCE:
+        x = tl.load(own_source + row, mask=mask, other=0.0).to(compute)
         weighted_dots += tl.load(token_weights + count) * tl.sum(x * grad)
-    grad_w = tl.zeros([BLOCK], acc)
+    grad_w = tl.zeros([BLOCK], compute)
     for j in range(0, count):
-        x = tl.load(sources + j * source_stride + row, mask=mask, other=0.0).to(acc)
+        x = tl.load(sources + j * source_stride + row, mask=mask, other=0.0).to(compute)
         alpha = tl.load(token_weights + j)
         grad_x, grad_w_part = _source_gradient(x, query, grad, gamma, alpha, weighted_dots, hidden, eps)
         grad_w += grad_w_part
         tl.store(grad_sources + j * grad_stride + row, grad_x.to(grad_sources.dtype.element_ty), mask=mask)
-    if HAS_EXTRA:
-        x = tl.load(extra + row, mask=mask, other=0.0).to(acc)
+    if HAS_OWN_SOURCE:
+        x = tl.load(own_source + row, mask=mask, other=0.0).to(compute)
         alpha = tl.load(token_weights + count)
         grad_x, grad_w_part = _source_gradient(x, query, grad, gamma, alpha, weighted_dots, hidden, eps)
         grad_w += grad_w_part
-        tl.store(grad_extra + row, grad_x.to(grad_extra.dtype.element_ty), mask=mask)
+        tl.store(grad_own_source + row, grad_x.to(grad_own_source.dtype.element_ty), mask=mask)
     tl.store(grad_w_rows + row, grad_w, mask=mask)
     tl.store(per_token + token, weighted_dots)
 
@@ -139,35 +139,35 @@ def _sources(sources: torch.Tensor, count: int) -> torch.Tensor:
     return read if read[0].is_contiguous() else read.contiguous()
 
 
-def route(sources, count, extra, w, gate, residual, eps):
+def route(sources, count, own_source, w, gate, residual, eps):
     """`routing_op.route` in one kernel launch."""
-    read, extra, residual = _sources(sources, count), _rows(extra), _rows(residual)
+    read, own_source, residual = _sources(sources, count), _rows(own_source), _rows(residual)
     tokens_shape, hidden = sources.shape[1:-1], sources.shape[-1]
-    tokens, n = tokens_shape.numel(), count + (extra is not None)
+    tokens, n = tokens_shape.numel(), count + (own_source is not None)
     out = sources.new_empty(sources.shape[1:])
     weights = w.new_empty(*tokens_shape, n)
     _route_forward[(tokens,)](
-        read, read.stride(0), count, extra, w, gate, residual, out, weights, hidden, eps,
-        HAS_EXTRA=extra is not None, HAS_GATE=gate is not None, HAS_RESIDUAL=residual is not None,
+        read, read.stride(0), count, own_source, w, gate, residual, out, weights, hidden, eps,
+        HAS_OWN_SOURCE=own_source is not None, HAS_GATE=gate is not None, HAS_RESIDUAL=residual is not None,
         **_launch(hidden),
     )
     return out, weights
 
 
-def route_backward(grad_out, sources, count, extra, w, gate, weights, eps):
+def route_backward(grad_out, sources, count, own_source, w, gate, weights, eps):
     """`routing_op.route_backward` in one kernel launch and the sums over tokens of `dL/dw` and `dL/dgamma`."""
-    read, extra, grad_out = _sources(sources, count), _rows(extra), grad_out.contiguous()
+    read, own_source, grad_out = _sources(sources, count), _rows(own_source), grad_out.contiguous()
     hidden = sources.shape[-1]
     tokens = sources.shape[1:-1].numel()
     grad_sources = sources.new_empty(count, *sources.shape[1:])
-    grad_extra = w.new_empty(0) if extra is None else torch.empty_like(extra)
+    grad_own_source = w.new_empty(0) if own_source is None else torch.empty_like(own_source)
     grad_w_rows = w.new_empty(tokens, hidden)
     per_token = w.new_empty(tokens)
     _route_backward[(tokens,)](
-        grad_out, read, read.stride(0), count, extra, w, gate, weights.contiguous(), hidden, eps,
-        grad_sources, grad_sources.stride(0), grad_extra, grad_w_rows, per_token,
-        HAS_EXTRA=extra is not None, HAS_GATE=gate is not None, **_launch(hidden),
+        grad_out, read, read.stride(0), count, own_source, w, gate, weights.contiguous(), hidden, eps,
+        grad_sources, grad_sources.stride(0), grad_own_source, grad_w_rows, per_token,
+        HAS_OWN_SOURCE=own_source is not None, HAS_GATE=gate is not None, **_launch(hidden),
     )
     grad_w = grad_w_rows.sum(0)
     grad_gate = w.new_empty(0) if gate is None else per_token.sum().reshape(gate.shape).to(gate.dtype)
-    return grad_sources, grad_extra, grad_w, grad_gate
+    return grad_sources, grad_own_source, grad_w, grad_gate

@@ -34,8 +34,8 @@ from modeling_delta_qwen3.routing_reference import depth_mix  # noqa: E402
 EPS = 1e-6
 MISTAKES = [
     ("mix * scale + p * x", "mix * scale + 1.01 * p * x"),
-    ("grad = tl.load(grad_out + row, mask=mask, other=0.0).to(acc)",
-     "grad = tl.load(grad_out + row, mask=mask, other=0.0).to(acc) * 1.01"),
+    ("grad = tl.load(grad_out + row, mask=mask, other=0.0).to(compute)",
+     "grad = tl.load(grad_out + row, mask=mask, other=0.0).to(compute) * 1.01"),
 ]
 
 
@@ -58,36 +58,36 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1e-30)).item()
 
 
-def op_case(kernels, dtype, count: int, extra: bool, gate: bool, residual: bool, shape=(3, 5), hidden=48) -> dict:
+def op_case(kernels, dtype, count: int, own_source: bool, gate: bool, residual: bool, shape=(3, 5), hidden=48) -> dict:
     """One call of the kernels against the operation's PyTorch code and against the formula through autograd:
     the routed output, the routing weights, and every input's gradient. The sources are the first `count` slots of
     a larger buffer, read in place; 48 columns leave part of the padded row masked."""
-    generator = torch.Generator().manual_seed(count * 8 + extra * 4 + gate * 2 + residual)
-    acc = torch.promote_types(dtype, torch.float32)
+    generator = torch.Generator().manual_seed(count * 8 + own_source * 4 + gate * 2 + residual)
+    compute = torch.promote_types(dtype, torch.float32)
 
     def random(*size, dtype=dtype):
         return torch.randn(*size, generator=generator, dtype=torch.float64).to(dtype)
 
     buffer = random(count + 2, *shape, hidden)
     inputs = {
-        "sources": buffer[:count].clone(), "extra": random(*shape, hidden) if extra else None,
-        "w": random(hidden, dtype=acc), "gate": torch.tensor(0.7, dtype=acc) if gate else None,
+        "sources": buffer[:count].clone(), "own_source": random(*shape, hidden) if own_source else None,
+        "w": random(hidden, dtype=compute), "gate": torch.tensor(0.7, dtype=compute) if gate else None,
         "residual": random(*shape, hidden) if residual else None,
     }
     grad_out = random(*shape, hidden)
-    out, weights = kernels.route(buffer, count, inputs["extra"], inputs["w"], inputs["gate"], inputs["residual"], EPS)
-    grads = kernels.route_backward(grad_out, buffer[:count], count, inputs["extra"], inputs["w"], inputs["gate"],
+    out, weights = kernels.route(buffer, count, inputs["own_source"], inputs["w"], inputs["gate"], inputs["residual"], EPS)
+    grads = kernels.route_backward(grad_out, buffer[:count], count, inputs["own_source"], inputs["w"], inputs["gate"],
                                    weights, EPS)
-    torch_out, torch_weights = routing_op._route(buffer, count, *(inputs[k] for k in ("extra", "w", "gate", "residual")), EPS)
-    torch_grads = routing_op._route_backward(grad_out, buffer[:count], count, inputs["extra"], inputs["w"],
+    torch_out, torch_weights = routing_op._route(buffer, count, *(inputs[k] for k in ("own_source", "w", "gate", "residual")), EPS)
+    torch_grads = routing_op._route_backward(grad_out, buffer[:count], count, inputs["own_source"], inputs["w"],
                                              inputs["gate"], torch_weights, EPS)
-    names = [name for name in ("sources", "extra", "w", "gate") if inputs[name] is not None]
-    kernel_grads = dict(zip(("sources", "extra", "w", "gate"), grads))
+    names = [name for name in ("sources", "own_source", "w", "gate") if inputs[name] is not None]
+    kernel_grads = dict(zip(("sources", "own_source", "w", "gate"), grads))
     leaves = {name: inputs[name].clone().requires_grad_() for name in names}
     if residual:
         leaves["residual"] = inputs["residual"].clone().requires_grad_()
     full = {**inputs, **leaves}
-    sources = list(full["sources"].unbind(0)) + ([full["extra"]] if extra else [])
+    sources = list(full["sources"].unbind(0)) + ([full["own_source"]] if own_source else [])
     formula_out, formula_weights = depth_mix(sources, full["w"], EPS, residual=full["residual"], gate=full["gate"])
     formula_grads = dict(zip(leaves, torch.autograd.grad(formula_out, list(leaves.values()), grad_out)))
     errors = {
@@ -96,23 +96,23 @@ def op_case(kernels, dtype, count: int, extra: bool, gate: bool, residual: bool,
         "weights_vs_formula": relative_error(weights.reshape(-1, weights.shape[-1]), formula_weights),
     }
     for name in names:
-        if name == "w" and count + extra == 1:
+        if name == "w" and count + own_source == 1:
             continue  # one source: its weight is 1 whatever w, and w's gradient is zero
         errors[f"grad_{name}_vs_formula"] = relative_error(kernel_grads[name], formula_grads[name])
         errors[f"grad_{name}_vs_torch"] = relative_error(kernel_grads[name], dict(zip(
-            ("sources", "extra", "w", "gate"), torch_grads))[name])
+            ("sources", "own_source", "w", "gate"), torch_grads))[name])
     return errors
 
 
 def op_errors(kernels) -> dict:
-    """The worst of each comparison over source counts, and with or without extra source, gate and residual."""
+    """The worst of each comparison over source counts, and with or without a source of the point's own, gate and residual."""
     report = {}
     for dtype in (torch.float32, torch.bfloat16):
         worst: dict[str, float] = {}
         for count in (1, 2, 5, 11):
-            for extra, gate, residual in ((False, False, False), (True, False, False), (False, True, True),
+            for own_source, gate, residual in ((False, False, False), (True, False, False), (False, True, True),
                                           (True, True, True)):
-                for name, error in op_case(kernels, dtype, count, extra, gate, residual).items():
+                for name, error in op_case(kernels, dtype, count, own_source, gate, residual).items():
                     worst[name] = max(worst.get(name, 0.0), error)
         report[str(dtype).removeprefix("torch.")] = worst
     return report

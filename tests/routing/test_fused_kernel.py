@@ -29,31 +29,31 @@ OP_TOLERANCES = {"float32": 1e-5, "bfloat16": 1e-2}
 MODEL_TOLERANCES = {"logits": 1e-5, "weights": 1e-5, "gradients": 1e-4}
 
 
-def sample_inputs(dtype: torch.dtype, extra: bool, gate: bool, residual: bool) -> tuple:
+def sample_inputs(dtype: torch.dtype, own_source: bool, gate: bool, residual: bool) -> tuple:
     generator = torch.Generator().manual_seed(0)
-    acc = torch.promote_types(dtype, torch.float32)
+    compute = torch.promote_types(dtype, torch.float32)
 
     def random(*size, dtype=dtype):
         return torch.randn(*size, generator=generator, dtype=torch.float64).to(dtype).requires_grad_()
 
-    return (random(3, 2, 5, 16), 3, random(2, 5, 16) if extra else None, random(16, dtype=acc),
-            random((), dtype=acc) if gate else None, random(2, 5, 16) if residual else None, 1e-6)
+    return (random(3, 2, 5, 16), 3, random(2, 5, 16) if own_source else None, random(16, dtype=compute),
+            random((), dtype=compute) if gate else None, random(2, 5, 16) if residual else None, 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("extra,gate,residual", [(False, False, False), (True, False, False), (False, True, True)])
-def test_operation_passes_opcheck(dtype, extra, gate, residual):
-    torch.library.opcheck(torch.ops.delta_qwen3.route.default, sample_inputs(dtype, extra, gate, residual))
+@pytest.mark.parametrize("own_source,gate,residual", [(False, False, False), (True, False, False), (False, True, True)])
+def test_operation_passes_opcheck(dtype, own_source, gate, residual):
+    torch.library.opcheck(torch.ops.delta_qwen3.route.default, sample_inputs(dtype, own_source, gate, residual))
 
 
 def test_operation_reads_a_prefix_of_a_buffer_in_place_without_autograd():
     """A decoding step reads the first `count` slots of a buffer larger than that: the slots after them do not
     count."""
-    sources, _, extra, w, gate, residual, eps = sample_inputs(torch.float32, True, True, True)
+    sources, _, own_source, w, gate, residual, eps = sample_inputs(torch.float32, True, True, True)
     with torch.no_grad():
         buffer = torch.cat([sources, torch.full_like(sources[:2], 1e3)])
-        got = routing_op.route(buffer, 3, extra, w, gate, residual, eps)
-        expected = routing_op.route(sources, 3, extra, w, gate, residual, eps)
+        got = routing_op.route(buffer, 3, own_source, w, gate, residual, eps)
+        expected = routing_op.route(sources, 3, own_source, w, gate, residual, eps)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 

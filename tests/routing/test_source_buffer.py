@@ -42,23 +42,23 @@ def buffer_over(points: list, like: torch.Tensor, capacity: int, upfront: bool):
 @pytest.mark.parametrize("gated", [False, True])
 def test_routing_gradients_match_finite_differences(gated, upfront):
     """The hand-written backward of the training regime against numerical gradients, with additive and
-    replacement routing, a read-once `extra` source, and sources computed from earlier routed outputs as in the
+    replacement routing, a read-once `own_source` source, and sources computed from earlier routed outputs as in the
     model; with the points' queries and gates stacked up front (scores computed as sources are written; points
-    without `extra` left to their newest source, here two runs of them around a point with `extra`) and not
+    without `own_source` left to their newest source, here two runs of them around a point with `own_source`) and not
     (sharded parameters)."""
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
-    def routed(x0, x1, x2, residual, extra, q0, g0, q1, g1, q2, g2, q3, g3, gate):
+    def routed(x0, x1, x2, residual, own_source, q0, g0, q1, g1, q2, g2, q3, g3, gate):
         points = [point(q0, g0, gate), point(q1, g1, gate), point(q2, g2, gate), point(q3, g3, gate)]
         sources, table = buffer_over(points, x0, capacity=4, upfront=upfront)
         assert isinstance(sources, routing_buffer.TrainingBuffer)
         sources.append(x0)
         sources.append(x1)
         first = sources.route(table.resolve(0), residual=residual)[0]
-        second = sources.route(table.resolve(1), extra=extra)[0]
+        second = sources.route(table.resolve(1), own_source=own_source)[0]
         third = sources.route(table.resolve(2), residual=first)[0]
         sources.append(torch.tanh(first) + x2)
         sources.append(second * third)
@@ -141,7 +141,7 @@ def test_one_token_routing_moved_between_points_routes_as_unmoved(upfront):
                 buffer = buffer.to("cpu", copy=True)
             buffer.append(x[2])
             outs.append(buffer.route(table.resolve(1), residual=x[3])[0])
-            outs.append(buffer.route(table.resolve(2), extra=x[3])[0])
+            outs.append(buffer.route(table.resolve(2), own_source=x[3])[0])
         return outs
 
     moved, unmoved, two_tokens = route(move=True), route(move=False), route(move=False, batch=2)
