@@ -68,7 +68,8 @@ class _PageText(html.parser.HTMLParser):
             data = re.sub(r"\s+", " ", data)
             if not self.parts or self.parts[-1].endswith("\n"):
                 data = data.lstrip()
-        self.parts.append(data)
+        if data:  # an empty part would hide the line break before it from the next one
+            self.parts.append(data)
 
 
 def html_text(page: str) -> str:

@@ -150,8 +150,8 @@ def run_all(runs: list[Run], settings: StudySettings) -> list[dict]:
                 run = waiting.pop(0)
                 directory = run_dir(settings.out, run)
                 directory.mkdir(parents=True, exist_ok=True)
-                done = len(runs) - len(waiting)
-                progress.write(f"=== study run {done}/{len(runs)}: {run.name}", file=sys.stderr)
+                index = len(runs) - len(waiting)
+                progress.write(f"=== study run {index}/{len(runs)}: {run.name}", file=sys.stderr)
                 running[run] = start_training(run, settings, directory)
             ended = [run for run, process in running.items() if process is None or process.poll() is not None]
             if not ended:
@@ -161,6 +161,8 @@ def run_all(runs: list[Run], settings: StudySettings) -> list[dict]:
                 check_trained(run, running.pop(run), settings, directory)
                 results[run] = score(run, settings, directory)
                 write_json(directory / RESULT_NAME, results[run])
+                figures = {key: results[run][key] for key in ("val_ppl", "tokens_per_s")}
+                progress.write(json.dumps({"run": run.name, **figures}), file=sys.stderr)
                 progress.update()
     finally:
         progress.close()

@@ -137,13 +137,13 @@ def build_deb(directory, name: str, version: str, files: dict[str, str]):
 
 def fixture_debs(directory) -> dict[str, list[str]]:
     """Two documentation packages holding Python's help topics: `alpha-doc` as HTML pages (with a script, a style,
-    entities and the markup's indentation around a `<pre>`), `beta-doc` as POD files beside an HTML page and an empty
+    entities, and the markup's indentation around inline elements and a `<pre>`), `beta-doc` as POD files beside an HTML page and an empty
     POD file that are not its documents. Returns the texts each package's documents must give."""
     directory.mkdir()
     topics = [re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", text)) for text in python_docs_texts()]
     pages = {f"usr/share/doc/alpha-doc/html/topic{number}.html": (
         f"<html><head><title>Topic {number}</title><style>p {{ margin: 0 }}</style>"
-        f"<script>if (a < b) {{ show('<p>') }}</script></head>\n<body>\n    <h1>Topic &amp;\n        {number}</h1>\n"
+        f"<script>if (a < b) {{ show('<p>') }}</script></head>\n<body>\n    <h1>\n      <a href='#'> Topic</a> &amp;\n        {number}</h1>\n"
         f"    <pre>{html.escape(text)}</pre>\n</body></html>") for number, text in enumerate(topics[:40])}  # fmt: skip
     build_deb(directory, "alpha-doc", "1:2.0-1", pages)
     pods = {f"usr/share/perl/pod/topic{number}.pod": text for number, text in enumerate(topics[40:])}
@@ -243,6 +243,9 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
     for name in ("ppl_vs_depth.png", "routing_sharpness_by_band.png", "paired_differences.png", "val_loss_curves.png"):
         assert (tmp_path / "whole" / name).read_bytes()[:4] == b"\x89PNG"
     assert "baseline" in whole.stdout and "delta_block (2 blocks)" in whole.stdout
+    logged = [json.loads(line) for line in whole.stderr.splitlines() if line.startswith('{"run": ')]
+    assert logged == [{"run": run["group"] + "-s0", "val_ppl": run["val_ppl"], "tokens_per_s": run["tokens_per_s"]}
+                      for run in expected["runs"]]  # fmt: skip
 
     # Side by side, as on a GPU: both runs start, the first to stop ends the study, and they resume to the results
     # of runs one after the other.
