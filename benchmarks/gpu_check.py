@@ -52,7 +52,6 @@ from delta_qwen3.atomic import write_json
 
 SECTIONS = ("implementations", "attention", "compile", "performance", "learning", "serving")
 FAILED = ("fail", "error", "timeout")
-MODES = ("delta", "delta_block", "attnres_full", "attnres_block")  # the delta modes gated, as `convert` makes them
 
 # Relative errors: the largest absolute difference over the largest absolute expected value, per compared group
 # (logits, routing weights, loss, routing parameters' gradients, the other gradients).
@@ -226,11 +225,13 @@ def random_delta(profile: Profile, mode: str, **overrides):
     """A DeltaQwen3 of the check shape in `mode` (gated in the delta modes), its routing parameters random so
     that routing changes what it computes, on the profile's device in float32."""
     from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+    from modeling_delta_qwen3.routing_modes import ROUTING_MODES
     from benchmarks.routing_parameters import randomize_routing
 
     torch.manual_seed(0)
     fields = profile.check_shape | overrides
-    config = DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=mode.startswith("delta"), routing_num_blocks=2)
+    gated = ROUTING_MODES[mode].gateable
+    config = DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated, routing_num_blocks=2)
     model = DeltaQwen3ForCausalLM(config)
     randomize_routing(model)
     return model.to(profile.device)
@@ -265,9 +266,11 @@ def check_implementations(profile: Profile, section: SectionRecord) -> None:
     """Per mode and dtype, each implementation's training pass against the reference implementation's: in float32
     against the float32 reference; in bfloat16 against the float32 reference, within what the bfloat16 reference
     is off by itself (`bfloat16_limits`)."""
+    from modeling_delta_qwen3.routing_modes import ROUTING_MODES
+
     names = routing_implementations(profile, section)
     ids = check_ids(profile)
-    for mode in MODES:
+    for mode in ROUTING_MODES:
         model = random_delta(profile, mode).train()
         with float32_without_tf32():
             model.set_routing_implementation("reference")
@@ -312,10 +315,12 @@ def attention_backends(profile: Profile, section: SectionRecord) -> dict[str, to
 def check_attention(profile: Profile, section: SectionRecord) -> None:
     """Per mode, each backend's training pass on a left-padded batch against eager attention's: in float32 within
     float32's tolerance, in bfloat16 within what eager attention in bfloat16 is off by (`bfloat16_limits`)."""
+    from modeling_delta_qwen3.routing_modes import ROUTING_MODES
+
     backends = attention_backends(profile, section)
     ids = check_ids(profile)
     mask = left_padded(ids)
-    for mode in MODES:
+    for mode in ROUTING_MODES:
         model = random_delta(profile, mode, routing_implementation="buffer").train()  # no kernel autotuning here
         models = {torch.float32: model, torch.bfloat16: copy.deepcopy(model).to(torch.bfloat16)}
         results = {}
@@ -834,6 +839,7 @@ def check_serving(profile: Profile, section: SectionRecord, vllm_python: Path | 
     """Greedy tokens from vLLM (its Transformers backend, the model code loaded as remote code) against
     `generate`'s, in both delta modes, in vLLM's eager and default modes (on the CPU delta_block refuses the
     latter: docs/SERVING.md)."""
+    from modeling_delta_qwen3.routing_modes import ROUTING_MODES
     from benchmarks.serving import fixed_prompts, run_vllm
 
     python = vllm_interpreter(vllm_python)
@@ -844,7 +850,9 @@ def check_serving(profile: Profile, section: SectionRecord, vllm_python: Path | 
                            for p in prompts] for mode, (_, model) in models.items()}  # fmt: skip
         for enforce_eager in (True, False):
             engine_mode = "eager" if enforce_eager else "default"
-            served = {m: v for m, v in models.items() if enforce_eager or profile.device != "cpu" or m != "delta_block"}
+            refused = profile.device == "cpu" and not enforce_eager
+            served = {m: v for m, v in models.items()
+                      if not (refused and ROUTING_MODES[m].miscompiled_on_cpu_before_torch_2_14)}
             if served != models:
                 section.not_run(f"delta_block {engine_mode}", "refused on the CPU (docs/SERVING.md)")
             results = run_vllm(python, vllm_job(served, prompts, enforce_eager, profile.device), Path(work))

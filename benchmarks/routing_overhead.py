@@ -49,16 +49,13 @@ from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 from modeling_delta_qwen3.modeling_delta_qwen3 import CACHE_NAME
 from modeling_delta_qwen3.routing import IMPLEMENTATIONS
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
-# (label, routing mode or None for Qwen3, gated)
-VARIANTS = [
-    ("qwen3", None, False),
-    ("delta_block", "delta_block", False),
-    ("delta_block+gate", "delta_block", True),
-    ("delta", "delta", False),
-    ("delta+gate", "delta", True),
-    ("attnres_block", "attnres_block", False),
-    ("attnres_full", "attnres_full", False),
+# (label, routing mode or None for Qwen3, gated): Qwen3, and every mode, gated too where it may be.
+VARIANTS = [("qwen3", None, False)] + [
+    (name + ("+gate" if gated else ""), name, gated)
+    for name, mode in ROUTING_MODES.items()
+    for gated in ((False, True) if mode.gateable else (False,))
 ]
 FIGURES = ("memory", "operations", "training", "compiled_training", "decoding")
 MAX_MEMORY = {"delta_block": 1.05, "delta": 1.15}

@@ -30,12 +30,12 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from delta_qwen3.jsonl import json_text
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 TARGETS = {"delta_block": 0.95, "delta": 0.90}
-LABELS = {"delta_block": "Delta Block", "delta": "Delta AttnRes", "attnres_block": "Block AttnRes",
-          "attnres_full": "Full AttnRes"}
+LABELS = {name: mode.title for name, mode in ROUTING_MODES.items()}
 SHAPES = {
     # Qwen3-0.6B's width (28 layers there) and a smaller vocabulary.
     "medium": dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=64,
@@ -137,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.shape, args.prompts, args.shortest, args.longest, args.new_tokens, args.rounds = "tiny", 4, 4, 16, 8, 1
     modes = args.modes.split(",")
-    if "delta_block" in modes and not args.enforce_eager:
-        parser.error("delta_block refuses vLLM's compiled mode on the CPU under PyTorch before 2.14, which vLLM's CPU "
-                     "build pins (docs/SERVING.md): add --enforce-eager, or leave it out of --modes")
+    refusing = [mode for mode in modes if mode in ROUTING_MODES and ROUTING_MODES[mode].miscompiled_on_cpu_before_torch_2_14]
+    if refusing and not args.enforce_eager:
+        parser.error(f"{', '.join(refusing)} refuses vLLM's compiled mode on the CPU under PyTorch before 2.14, which "
+                     "vLLM's CPU build pins (docs/SERVING.md): add --enforce-eager, or leave it out of --modes")
     if not args.vllm_python.exists():
         raise SystemExit(f"{args.vllm_python} does not exist: `make test` creates vLLM's environment")
     shape = SHAPES[args.shape]

@@ -12,6 +12,7 @@ from helpers.paths import REPO_ROOT
 from helpers.running import isolated_env
 
 from benchmarks import gpu_check
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 
 @pytest.mark.slow
@@ -33,7 +34,7 @@ def test_the_rehearsal_runs_every_section_and_passes(tmp_path):
         assert sections[name]["status"] == "pass", (name, sections[name])
         assert sections[name]["checks"] and all(check["pass"] for check in sections[name]["checks"])
     implementations = {check["name"].split(":")[0] for check in sections["implementations"]["checks"]}
-    assert implementations == {f"{mode} {dtype} {name}" for mode in gpu_check.MODES
+    assert implementations == {f"{mode} {dtype} {name}" for mode in ROUTING_MODES
                                for dtype in ("float32", "bfloat16") for name in ("buffer", "compiled", "fused")}
     assert sections["implementations"]["not_run"]["fla"].startswith("flash-linear-attention is not installed")
     check_performance_rehearsal(sections["performance"])
@@ -175,7 +176,7 @@ def test_a_non_finite_attention_result_is_checked_against_plain_qwen3(monkeypatc
     section = gpu_check.SectionRecord({})
     gpu_check.check_attention(profile, section)
     failed = {check["name"].rsplit(":", 1)[0] for check in section.data["checks"] if not check["pass"]}
-    assert failed == {f"{mode} sdpa {dtype}" for mode in gpu_check.MODES for dtype in ("float32", "bfloat16")}
+    assert failed == {f"{mode} sdpa {dtype}" for mode in ROUTING_MODES for dtype in ("float32", "bfloat16")}
     assert section.data["figures"]["qwen3 sdpa float32: gradients finite"] is False
     assert section.data["figures"]["qwen3 sdpa bfloat16: gradients finite"] is False
 
