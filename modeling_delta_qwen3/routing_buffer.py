@@ -53,7 +53,7 @@ from .routing_math import (
     mixture_backward,
     one_token_logits,
     padded_norm,
-    routing_weights,
+    source_softmax,
     score_gradients,
     weighted_sum,
 )
@@ -117,7 +117,7 @@ class _ManyTokenStorage:
         self.queries = table.queries  # [points, D] or None
         self.shape, self.dtype, self.compute = h0.shape, h0.dtype, compute_dtype(h0.dtype)
         self.count = 0  # sources written
-        self.points = 0  # routing points evaluated
+        self.points_routed = 0
         keep = self.keeps_for_backward
         tokens, hidden = h0.shape[:-1].numel(), h0.shape[-1]
         decoding = h0.shape[-2] == 1 and not keep
@@ -132,7 +132,7 @@ class _ManyTokenStorage:
             else None
         )
         self._eps = h0.new_full((), plan.eps, dtype=self.compute)
-        self._weight_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.compute)  # see `_weights`
+        self._coefficient_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.compute)  # see `_coefficients`
         self._make_views()
 
     def _make_views(self) -> None:
@@ -143,7 +143,7 @@ class _ManyTokenStorage:
         self._inv_rms_slots, self._logit_slots = _slots(inv_rms), _slots(self.logits)
         self._queries = None if self.queries is None else self.queries.data
         self._logits_by_point = None if self.logits is None else self.logits.data.unbind(1)
-        self._weight_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._coefficient_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def write(self, x: torch.Tensor) -> None:
         slot = self.count
@@ -151,7 +151,7 @@ class _ManyTokenStorage:
         x = as_dtype(x, self.compute)
         r = inverse_rms(x, self._eps, out=None if self._inv_rms_slots is None else self._inv_rms_slots[slot])
         if self.logits_up_front:  # the logits against the points still to run
-            later = slice(self.points, self.max_points)
+            later = slice(self.points_routed, self.max_points)
             source = x.reshape(-1, x.shape[-1])
             logits_against_points(self._queries[later], source, r.view(-1), out=self._logit_slots[slot][later])
         self.count += 1
@@ -161,7 +161,7 @@ class _ManyTokenStorage:
         routing weights `[sources, tokens]`, and the logits `r_j (x_j . w)` and inverse RMS `r_j` `[sources,
         tokens]` that its backward pass needs."""
         n, p = self.count, point.index
-        self.points = p + 1
+        self.points_routed = p + 1
         values = self.values[:n]
         _, tokens, hidden = values.shape
         compute = self.compute
@@ -178,34 +178,34 @@ class _ManyTokenStorage:
             logits = torch.cat([logits, point_logits(e, point.w, own_inv_rms[0])[None]])
             inv_rms = None if inv_rms is None else torch.cat([inv_rms, own_inv_rms])
         # Softmax along the tokens' contiguous axis, many times faster than along a short last axis of sources.
-        alpha = routing_weights(logits, sources_dim=0)  # [sources, tokens]
-        weights, weights_by_token = self._weights(alpha.shape[0])
+        alpha = source_softmax(logits, sources_dim=0)  # [sources, tokens]
+        coefficients, by_token = self._coefficients(alpha.shape[0])
         if point.gate is None:
-            weights.copy_(alpha)
+            coefficients.copy_(alpha)
         else:
-            torch.mul(alpha, as_dtype(point.gate, compute), out=weights)
+            torch.mul(alpha, as_dtype(point.gate, compute), out=coefficients)
         residual = None if residual is None else as_dtype(residual.reshape(tokens, 1, hidden), compute)
-        out = weighted_sum(x.transpose(0, 1), weights_by_token[:, :, :n], residual)
+        out = weighted_sum(x.transpose(0, 1), by_token[:, :, :n], residual)
         if own_source is not None:
-            out.addcmul_(e[:, None], weights_by_token[:, :, n:])
+            out.addcmul_(e[:, None], by_token[:, :, n:])
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
-    def _weights(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reused buffer for the mixture's weights, as written `[sources, tokens]` and as read `[tokens, 1,
+    def _coefficients(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reused buffer for the mixture's coefficients `gamma alpha_j`, as written `[sources, tokens]` and as read `[tokens, 1,
         sources]`: contiguous for the batched product, whose per-token weights make it 15-25x slower on CPU when
         strided."""
-        if sources not in self._weight_buffers:
+        if sources not in self._coefficient_buffers:
             tokens = self.shape[:-1].numel()
-            by_token = self._weight_scratch[: tokens * sources].view(tokens, 1, sources)
-            self._weight_buffers[sources] = by_token.view(tokens, sources).T, by_token
-        return self._weight_buffers[sources]
+            by_token = self._coefficient_scratch[: tokens * sources].view(tokens, 1, sources)
+            self._coefficient_buffers[sources] = by_token.view(tokens, sources).T, by_token
+        return self._coefficient_buffers[sources]
 
     def to(self, *args, **kwargs) -> None:
         """Moves the buffers to another device in place: points already evaluated hold the storage and read its
         counts in the backward pass."""
         self.values = self.values.to(*args, **kwargs)
         device = self.values.device
-        for name in ("inv_rms", "logits", "queries", "_eps", "_weight_scratch"):
+        for name in ("inv_rms", "logits", "queries", "_eps", "_coefficient_scratch"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).to(device=device))
         self._make_views()
@@ -242,7 +242,7 @@ class _TrainingStorage(_ManyTokenStorage):
 
     def write(self, x: torch.Tensor) -> None:
         super().write(x)
-        self.first_reader.append(self.points)
+        self.first_reader.append(self.points_routed)
 
     def backward_store(self) -> "_BackwardStore":
         if self.store is None:
@@ -332,13 +332,13 @@ class OneTokenBuffer:
             scaled_w = self._query_rows[p]
         else:
             scaled_w = (point.w * math.sqrt(point.w.shape[-1])).view(1, 1, -1)
-        alpha = routing_weights(one_token_logits(scaled_w, x_transposed, norms), sources_dim=-1)  # [1, 1, n]
+        alpha = source_softmax(one_token_logits(scaled_w, x_transposed, norms), sources_dim=-1)  # [1, 1, n]
         gate = point.gate if self._gate_values is None else self._gate_values[p]
-        weights, scale = (alpha * as_dtype(gate, self.compute), 1) if isinstance(gate, torch.Tensor) else (alpha, gate)
+        coefficients, scale = (alpha * as_dtype(gate, self.compute), 1) if isinstance(gate, torch.Tensor) else (alpha, gate)
         if residual is None:
-            out = torch.bmm(weights, x) if scale is None else torch.bmm(weights, x).mul_(scale)
+            out = torch.bmm(coefficients, x) if scale is None else torch.bmm(coefficients, x).mul_(scale)
         else:  # the gate, a number, scales the product inside `baddbmm`
-            out = torch.baddbmm(as_dtype(residual, self.compute), weights, x, alpha=1 if scale is None else scale)
+            out = torch.baddbmm(as_dtype(residual, self.compute), coefficients, x, alpha=1 if scale is None else scale)
         return as_dtype(out, self.dtype), alpha
 
     def to(self, *args, **kwargs) -> "OneTokenBuffer":
@@ -361,19 +361,19 @@ class _BackwardStore:
                  queries_known: bool):
         self.received = [False] * points
         self.grad_out = like.new_empty(points, tokens, hidden)  # G_p, in the model's dtype
-        self.weights = like.new_empty(points, capacity, tokens, dtype=compute)
+        self.coefficients = like.new_empty(points, capacity, tokens, dtype=compute)
         self.logit_grads = like.new_empty(points, capacity, tokens, dtype=compute)
         self.w = None if queries_known else like.new_empty(points, hidden, dtype=compute)
         # Each point's rows, made once: indexing costs a dispatched operation per point.
-        self.grad_out_rows, self.weight_rows, self.logit_grad_rows = (
-            buffer.unbind(0) for buffer in (self.grad_out, self.weights, self.logit_grads)
+        self.grad_out_rows, self.coefficient_rows, self.logit_grad_rows = (
+            buffer.unbind(0) for buffer in (self.grad_out, self.coefficients, self.logit_grads)
         )
 
     def zero_missing(self, points: slice) -> None:
         """Zeroes what the points in `points` that received no gradient would have written."""
         for p in range(points.start, points.stop):
             if not self.received[p]:
-                for buffer in (self.grad_out, self.weights, self.logit_grads, self.w):
+                for buffer in (self.grad_out, self.coefficients, self.logit_grads, self.w):
                     if buffer is not None:
                         buffer[p].zero_()
                 self.received[p] = True
@@ -395,14 +395,14 @@ class _AppendSource(torch.autograd.Function):
         (dL/dl_pj) s_pj` for the scores `s_pj = x_j . w_p = l_pj / r_j`; first, the backward passes that the
         points reading j as their newest source left to it."""
         sources, j = ctx.sources, ctx.slot
-        readers = slice(sources.first_reader[j], sources.points)
+        readers = slice(sources.first_reader[j], sources.points_routed)
         if sources.store is None or readers.start == readers.stop:
             return None, None, None, None, None
         (x,) = ctx.saved_tensors
         store, device = sources.store, x.device  # the store is on the last point's device
         store.zero_missing(readers)
         grad_gates = _deferred_point_backward(sources, j)
-        coefficients = store.weights[readers, j].T.contiguous().unsqueeze(1).to(device)  # [tokens, 1, points]
+        coefficients = store.coefficients[readers, j].T.contiguous().unsqueeze(1).to(device)  # [tokens, 1, points]
         grad_outs = store.grad_out[readers].transpose(0, 1).to(device, coefficients.dtype)  # [tokens, points, D]
         grad = torch.bmm(coefficients, grad_outs).squeeze(1)
         inv_rms = sources.inv_rms[j].to(device)
@@ -428,12 +428,12 @@ def _deferred_point_backward(sources: _TrainingStorage, j: int) -> torch.Tensor 
     logit gradients into the store and returns their gates' gradients `[points]` (zero for other points), or None
     when there are no gates."""
     store, n = sources.store, j + 1
-    last = sources.first_reader[j + 1] if j + 1 < sources.count else sources.points
+    last = sources.first_reader[j + 1] if j + 1 < sources.count else sources.points_routed
     deferred = [p for p in range(sources.first_reader[j], last) if sources.deferred[p]]
     if not deferred:
         return None
     grad_gates = None if sources.gates is None else sources.gates.new_zeros(sources.gates.shape)
-    compute, device = store.weights.dtype, store.weights.device
+    compute, device = store.coefficients.dtype, store.coefficients.device
     values = as_dtype(sources.values[:n].to(device), compute).permute(1, 2, 0)  # [tokens, D, n]
     # Runs of consecutive points, each a slice of the store: usually all of them, one run.
     for start in (p for p in deferred if p - 1 not in deferred):
@@ -443,12 +443,12 @@ def _deferred_point_backward(sources: _TrainingStorage, j: int) -> torch.Tensor 
         points = slice(start, stop)
         grad_outs = as_dtype(store.grad_out[points], compute).transpose(0, 1)  # [tokens, points, D]
         dots = torch.bmm(grad_outs, values).permute(1, 2, 0)  # x_j . G_p: [points, n, tokens]
-        alpha = routing_weights(sources.logits[:n, points].to(device), sources_dim=0).transpose(0, 1)  # [points, n, tokens]
+        alpha = source_softmax(sources.logits[:n, points].to(device), sources_dim=0).transpose(0, 1)  # [points, n, tokens]
         gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), compute).view(-1, 1, 1)
-        logit_grads, weights, per_token = mixture_backward(alpha, dots, gates, sources_dim=1)
+        logit_grads, coefficients, per_token = mixture_backward(alpha, dots, gates, sources_dim=1)
         if grad_gates is not None:
             grad_gates[points] = per_token.sum((1, 2)).to(grad_gates)
-        store.weights[points, :n] = weights
+        store.coefficients[points, :n] = coefficients
         store.logit_grads[points, :n] = logit_grads
     return grad_gates
 
@@ -498,13 +498,13 @@ class _Route(torch.autograd.Function):
             e = as_dtype(own_source.reshape(tokens, hidden), compute)
             dots = torch.cat([dots, (e * grad_acc.view(tokens, hidden)).sum(-1)[None]])
         gate_acc = None if gate is None else as_dtype(gate, compute)
-        logit_grads, weights, per_token = mixture_backward(alpha, dots, gate_acc, sources_dim=0)
+        logit_grads, coefficients, per_token = mixture_backward(alpha, dots, gate_acc, sources_dim=0)
         grad_gate = None
         if gate is not None and ctx.needs_input_grad[3]:
             grad_gate = as_dtype(per_token.sum(), gate.dtype).view(gate.shape)
         # Copied, not computed into the store: it is on the last point's device, which may not be this point's.
         # Its rows for this point have room for `own_source`'s, which are never read there.
-        store.weight_rows[p][: len(alpha)].copy_(weights)
+        store.coefficient_rows[p][: len(alpha)].copy_(coefficients)
         store.logit_grad_rows[p][: len(alpha)].copy_(logit_grads)
 
         grad_w = None  # dL/dw_p through the scores computed in this point; the rest reaches `queries`
@@ -516,7 +516,7 @@ class _Route(torch.autograd.Function):
         grad_own_source = None
         if own_source is not None:
             grad_w = e.T @ score_grads[n] if grad_w is None else grad_w.addmv_(e.T, score_grads[n])
-            grad_own_source = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), weights[n, :, None])
+            grad_own_source = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), coefficients[n, :, None])
             own_inv_rms_grad = inverse_rms_gradient(logit_grads[n, None], logits[n, None], inv_rms[n])
             add_inverse_rms_gradient(grad_own_source, e, inv_rms[n], own_inv_rms_grad)
             grad_own_source = grad_own_source.view(own_source.shape).to(own_source.dtype)

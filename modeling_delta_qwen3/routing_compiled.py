@@ -21,8 +21,8 @@ from .routing_math import (
     inverse_rms,
     logits,
     logits_against_points,
-    mixture_of,
-    routing_weights,
+    weighted_sum_of_list,
+    source_softmax,
 )
 from .routing_sources import SourceList
 
@@ -55,9 +55,9 @@ class CompiledSources(SourceList):
         tensors = self.tensors if own_source is None else [*self.tensors, own_source]
         scores = [*self.source_logits, None] if own_source is not None else self.source_logits
         scores = [self._score(x, point.w) if s is None else s[point.index] for x, s in zip(tensors, scores)]
-        alpha = routing_weights(torch.stack(scores), sources_dim=0)  # [n, tokens]
+        alpha = source_softmax(torch.stack(scores), sources_dim=0)  # [n, tokens]
         like = tensors[0]
-        mix = mixture_of([as_dtype(t, point.w.dtype) for t in tensors], alpha.view(len(tensors), *like.shape[:-1]))
+        mix = weighted_sum_of_list([as_dtype(t, point.w.dtype) for t in tensors], alpha.view(len(tensors), *like.shape[:-1]))
         return as_dtype(gated_residual(mix, residual, point.gate), like.dtype), alpha.T.detach()
 
     def carried(self) -> list[torch.Tensor]:

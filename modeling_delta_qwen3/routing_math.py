@@ -7,8 +7,8 @@ For a point with query `q`, norm weight `g` and optional gate `gamma`, over sour
     w       = q * g                                          (`point_query`)
     r_j     = 1 / sqrt(mean(x_j^2) + eps)                    (`inverse_rms`)
     l_j     = r_j (x_j . w) = q . RMSNorm_g(x_j)             (`logits`, `logits_against_points`)
-    alpha_j = softmax_j(l_j)                                 (`routing_weights`)
-    out     = residual + gamma * sum_j alpha_j x_j           (`weighted_sum`, `mixture_of`, `gated_residual`)
+    alpha_j = softmax_j(l_j)                                 (`source_softmax`)
+    out     = residual + gamma * sum_j alpha_j x_j           (`weighted_sum`, `weighted_sum_of_list`, `gated_residual`)
 
 and for one position, from rows padded with `sqrt(D eps)`, whose norms are `sqrt(D) / r_j`:
 
@@ -78,7 +78,7 @@ def one_token_logits(scaled_w: torch.Tensor, x_transposed: torch.Tensor, norms: 
     return torch.bmm(scaled_w, x_transposed).div_(norms)
 
 
-def routing_weights(logits: torch.Tensor, sources_dim: int) -> torch.Tensor:
+def source_softmax(logits: torch.Tensor, sources_dim: int) -> torch.Tensor:
     """`alpha_j = softmax_j(l_j)` over the sources' dimension of `logits`, any layout."""
     return torch.softmax(logits, dim=sources_dim)
 
@@ -94,7 +94,7 @@ def weighted_sum(x_by_token: torch.Tensor, weights: torch.Tensor, residual: torc
     return torch.baddbmm(residual, weights, x_by_token)
 
 
-def mixture_of(sources: list[torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
+def weighted_sum_of_list(sources: list[torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
     """`sum_j alpha_j x_j` for sources kept apart, each `[..., D]`, and weights `alpha` `[n, ...]`: for an
     implementation that never stacks its sources."""
     mix = alpha[0].unsqueeze(-1) * sources[0]

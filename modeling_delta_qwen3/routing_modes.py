@@ -44,9 +44,9 @@ class DepthState:
     # The tensors of the state's own, besides its table's and its sources' (`carried`); subclasses add theirs.
     TENSORS: tuple[str, ...] = ("h0",)
 
-    def __init__(self, h0: torch.Tensor, config, points: int, table: "PointTable", sources: "Sources"):
-        """`points`: how many routing points the forward pass runs; `table`: their parameters; `sources`: made by
-        the plan's implementation, empty."""
+    def __init__(self, h0: torch.Tensor, config, point_count: int, table: "PointTable", sources: "Sources"):
+        """`point_count`: how many routing points the forward pass runs; `table`: their parameters; `sources`: made
+        by the plan's implementation, empty."""
         self.layers_per_block = config.layers_per_block
         self.table, self.sources = table, sources
         self.routing_weights: list[torch.Tensor] = []
@@ -129,8 +129,8 @@ class _AdditiveState(DepthState):
 
     TENSORS = (*DepthState.TENSORS, "hidden")
 
-    def __init__(self, h0, config, points, table, sources):
-        super().__init__(h0, config, points, table, sources)
+    def __init__(self, h0, config, point_count, table, sources):
+        super().__init__(h0, config, point_count, table, sources)
         self.hidden = h0
 
     def routed_input(self, point):
@@ -149,10 +149,10 @@ class _AdditiveState(DepthState):
 class DeltaState(_AdditiveState):
     """`delta`: every sublayer's output is a source, except the last one, which no routing point reads."""
 
-    def __init__(self, h0, config, points, table, sources):
-        super().__init__(h0, config, points, table, sources)
+    def __init__(self, h0, config, point_count, table, sources):
+        super().__init__(h0, config, point_count, table, sources)
         # Each point reads the outputs of the sublayers before its own: the last sublayer's output, no point.
-        self.outputs_to_keep = points
+        self.outputs_to_keep = point_count
 
     @staticmethod
     def capacity(config):
@@ -171,8 +171,8 @@ class DeltaBlockState(_AdditiveState):
 
     TENSORS = (*_AdditiveState.TENSORS, "block_start")
 
-    def __init__(self, h0, config, points, table, sources):
-        super().__init__(h0, config, points, table, sources)
+    def __init__(self, h0, config, point_count, table, sources):
+        super().__init__(h0, config, point_count, table, sources)
         self.block_start = h0
 
     @staticmethod
@@ -209,8 +209,8 @@ class AttnResBlockState(DepthState):
 
     TENSORS = (*DepthState.TENSORS, "partial")
 
-    def __init__(self, h0, config, points, table, sources):
-        super().__init__(h0, config, points, table, sources)
+    def __init__(self, h0, config, point_count, table, sources):
+        super().__init__(h0, config, point_count, table, sources)
         self.partial: torch.Tensor | None = None
 
     @staticmethod

@@ -23,7 +23,7 @@ from .routing_math import (
     inverse_rms,
     logits,
     mixture_backward,
-    routing_weights,
+    source_softmax,
     score_gradients,
 )
 
@@ -55,7 +55,7 @@ def _route(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     x = _read(sources, count, own_source, w.dtype)
-    alpha = routing_weights(_scores(x, w, eps)[1], sources_dim=0)
+    alpha = source_softmax(_scores(x, w, eps)[1], sources_dim=0)
     out = torch.einsum("n...,n...d->...d", alpha, x)
     if gate is not None:
         out = out * as_dtype(gate, w.dtype).reshape(())

@@ -50,7 +50,10 @@ class Sources(Protocol):
         this point alone reads; and the routing weights `[tokens, n_sources]`."""
 
     def to(self, *args, **kwargs) -> "Sources":
-        """The sources moved like `Tensor.to` (accelerate's device hooks move the depth state between layers)."""
+        """The sources moved like `Tensor.to` (accelerate's device hooks move the depth state between layers). The
+        one convention: the caller keeps what is returned and drops what it called, so an implementation may
+        return itself moved in place (the buffer must: earlier points' backward passes hold its storage) or a
+        moved copy."""
 
     # Only implementations that route layers recomputed by gradient checkpointing (where `Implementation.not_recomputable` is None):
     def carried(self) -> list[torch.Tensor]:
