@@ -25,8 +25,9 @@ import torch
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Routing is computed in float32 like `Qwen3RMSNorm`, or in float64 for a float64 model."""
-    return torch.promote_types(dtype, torch.float32)
+    """Routing is computed in float32 like `Qwen3RMSNorm`, or in float64 for a float64 model. Decided in Python:
+    `torch.promote_types` is a dispatched operation, which a decoding step pays for."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
