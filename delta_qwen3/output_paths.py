@@ -51,8 +51,24 @@ RUST_IO_ERROR = re.compile(r"\(os error \d+\)")
 
 def is_write_failure(error: BaseException) -> bool:
     """Whether `error`, raised while writing, is the system refusing the write (a full disk, no permission), from
-    Python or from a writer in Rust."""
+    Python or from a writer in Rust; not a failure already reported in one line, which may quote the Rust error."""
+    if isinstance(error, CommandError):
+        return False
     return isinstance(error, OSError) or (isinstance(error, Exception) and bool(RUST_IO_ERROR.search(str(error))))
+
+
+def refused_growth(directory: Path) -> OSError | None:
+    """The system's refusal to make a file under `directory` one byte longer (a full disk, a file size limit), or
+    None: the cause of a failed write there that a writer did not report. PyTorch's file writer (`torch.save`)
+    says only that the write failed ("unexpected pos ...", "file write failed")."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            try:
+                with path.open("ab", buffering=0) as file:
+                    file.write(b"\0")
+            except OSError as refusal:
+                return refusal
+    return None
 
 
 def write_failure(option: str, path: Path, error: Exception, outcome: str) -> RunError:

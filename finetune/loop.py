@@ -19,7 +19,7 @@ from delta_qwen3.sharpness import mean_max_weights, point_max_weights
 from .config import FinetuneConfig
 from .data import TrainingData
 from .evaluation import loss_and_perplexity, validation_nll
-from .outputs import log_path, resume_hint, save_checkpoint
+from .outputs import log_path, save_checkpoint, stopped_at
 
 NO_STEP = 2**62  # `DivergenceWatch`'s "no non-finite step yet"
 
@@ -172,11 +172,11 @@ def train(
                 return False
         return True
     except KeyboardInterrupt as interrupt:
-        raise interruption(interrupt, f"stopped at step {completed}; {resume_hint(config.output_dir)}") from None
+        raise interruption(interrupt, stopped_at(completed, config.output_dir)) from None
     except Exception as error:
-        if not is_write_failure(error):  # a full disk, most often at a checkpoint: what is saved stays resumable
+        if not is_write_failure(error):  # a full disk (a checkpoint names itself): what is saved stays resumable
             raise
-        outcome = f"stopped at step {completed}; {resume_hint(config.output_dir)}"
+        outcome = stopped_at(completed, config.output_dir)
         raise write_failure("--output-dir", config.output_dir, error, outcome) from None
     finally:
         progress.close()

@@ -25,6 +25,7 @@ from delta_qwen3.atomic import atomic_output, staged_directory, write_json
 from delta_qwen3.checkpoints import loading
 from delta_qwen3.errors import CommandError
 from delta_qwen3.output_paths import check_output_dir as check_output_path
+from delta_qwen3.output_paths import refused_growth, reporting_write_failure
 from modeling_delta_qwen3 import DeltaQwen3Config
 
 from .config import FinetuneConfig
@@ -89,6 +90,12 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path, path: Path
               f"checkpoint is damaged (truncated?): moved out of {checkpoints_dir(output_dir)}, --resume then {then}")
     with loading(f"the checkpoint to resume, {path}", advice):
         accelerator.load_state(str(path))
+
+
+def stopped_at(step: int, output_dir: str | Path) -> str:
+    """What a run that stopped after `step` leaves, and how to continue it: for the message of an interrupted or
+    failed run."""
+    return f"stopped at step {step}; {resume_hint(output_dir)}"
 
 
 def resume_hint(output_dir: str | Path) -> str:
@@ -169,17 +176,32 @@ def _logged_step(line: str) -> float:
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, keep: int) -> Path:
     """Save the training state after `step`, keeping the `keep` most recent (0: all). All processes call this and
-    write into the main process's staging directory, which it renames into place once every process is done."""
+    write into the main process's staging directory, which it renames into place once every process is done; a
+    write that fails is one line naming the checkpoint, and nothing of it is kept."""
     target = checkpoints_dir(output_dir) / f"{CHECKPOINT_PREFIX}{step:08d}"
-    with staged_directory(target) if accelerator.is_main_process else contextlib.nullcontext() as staging:
+    with (
+        reporting_write_failure("the checkpoint", target, stopped_at(step, output_dir)),
+        staged_directory(target) if accelerator.is_main_process else contextlib.nullcontext() as staging,
+    ):
         [staging] = broadcast_object_list([staging])
-        accelerator.save_state(str(staging))
+        _save_state(accelerator, Path(staging))
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         for _, old in checkpoints(output_dir)[: -keep if keep else 0]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return target
+
+
+def _save_state(accelerator: Accelerator, staging: Path) -> None:
+    try:
+        accelerator.save_state(str(staging))
+    except RuntimeError as error:
+        # PyTorch's file writer (the optimizer state, through torch.save) names no cause for a failed write.
+        refusal = refused_growth(staging)
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: str | Path, dtype: str) -> Path:

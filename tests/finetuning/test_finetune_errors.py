@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -350,24 +351,41 @@ def test_a_hand_edited_model_configuration_file_is_one_line(tmp_path, jsonl_corp
 
 
 @pytest.mark.parametrize(
-    "save_every, outcome",
+    "save_every, written, outcome",
     [
-        ("1", "stopped at step 1; no checkpoint was saved, so --resume starts again from step 0"),
-        ("0", "the final model was not saved; no checkpoint was saved, so --resume starts again from step 0"),
+        ("1", "the checkpoint {out}/checkpoints/step_00000001",
+         "stopped at step 1; no checkpoint was saved, so --resume starts again from step 0"),
+        ("0", "--output-dir {out}",
+         "the final model was not saved; no checkpoint was saved, so --resume starts again from step 0"),
     ],
-)
+)  # fmt: skip
 def test_a_disk_that_fills_is_one_line_saying_what_resume_continues_from(tmp_path, jsonl_corpus, delta_checkpoint,
-                                                                         capsys, save_every, outcome):
+                                                                         capsys, save_every, written, outcome):
     out = tmp_path / "out"
     argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "1", "--save-every",
                          save_every)  # fmt: skip
     with disk_full_past(100_000):  # the settings, the log and the held-out text fit; the weights (200 kB) do not
         message = failed(argv, capsys, exit_code=1)
     assert message == (
-        f"finetune: error: could not write --output-dir {out}: Error while serializing: I/O error: File too large "
-        f"(os error 27) ({outcome})"
+        f"finetune: error: could not write {written.format(out=out)}: Error while serializing: I/O error: File too "
+        f"large (os error 27) ({outcome})"
     )
     assert [p.name for p in out.rglob("*") if p.is_dir()] == (["checkpoints"] if save_every == "1" else [])
+    assert [p.name for p in out.rglob(".*")] == []
+
+
+def test_a_disk_that_fills_during_the_optimizer_state_is_one_line_naming_the_checkpoint(tmp_path, jsonl_corpus,
+                                                                                        delta_checkpoint, capsys):
+    # PyTorch's file writer, which saves the optimizer state, reports the failure without its cause.
+    out = tmp_path / "out"
+    argv = tiny_run_args(jsonl_corpus, out, "--model", str(delta_checkpoint), "--max-steps", "1", "--save-every", "1")
+    with disk_full_past(300_000):  # the checkpoint's weights (210 kB) fit; its optimizer state (440 kB) does not
+        message = failed(argv, capsys, exit_code=1)
+    assert message == (
+        f"finetune: error: could not write the checkpoint {out / 'checkpoints' / 'step_00000001'}: File too large "
+        "(stopped at step 1; no checkpoint was saved, so --resume starts again from step 0)"
+    )
+    assert [p.relative_to(out) for p in out.rglob("*") if p.is_dir()] == [Path("checkpoints")]
     assert [p.name for p in out.rglob(".*")] == []
 
 
