@@ -11,7 +11,17 @@ from delta_qwen3.atomic import write_json
 from delta_qwen3.errors import CommandError
 from delta_qwen3.output_paths import reporting_write_failure
 from delta_qwen3.texts import documents_content
-from finetune.config import DATA_CONTENT, INVOCATION_OPTIONS, MODES, FinetuneConfig, parse_args, resume_changes
+from finetune.config import (
+    DATA_CONTENT,
+    INVOCATION_OPTIONS,
+    MODES,
+    RESOLVED_SETTINGS,
+    TOKENIZER_CONTENT,
+    FinetuneConfig,
+    parse_args,
+    resume_changes,
+)
+from finetune.model import load_tokenizer, tokenizer_content
 from finetune.presets import PRESETS
 from modeling_delta_qwen3.routing_modes import BLOCK_MODES
 
@@ -82,10 +92,11 @@ def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], Finetune
 def study_record(args: argparse.Namespace, config: FinetuneConfig) -> dict:
     """What makes the runs in --out the work they are, besides each one's mode, depth, block count and seed: the
     finetune options as finetune reads them (so that neither their order nor their spelling counts), what the data
-    holds, the preset, and the documents scored."""
+    and the tokenizer hold (as finetune records them), the preset, and the documents scored."""
     per_run = {name.removeprefix("--").replace("-", "_") for name in PER_RUN_OPTIONS} | INVOCATION_OPTIONS
     options = {name: value for name, value in config.to_dict().items() if name not in per_run}
-    return {**options, DATA_CONTENT: documents_content(config.data), "preset": args.preset,
+    return {**options, DATA_CONTENT: documents_content(config.data),
+            TOKENIZER_CONTENT: tokenizer_content(load_tokenizer(config)), "preset": args.preset,
             "validation_data": args.validation_data}  # fmt: skip
 
 
@@ -99,7 +110,12 @@ def check_same_study(out: Path, record: dict) -> None:
         print(f"{path} is missing (the study started with an earlier release): the settings of its runs cannot be "
               "checked", file=sys.stderr)  # fmt: skip
         return
-    changes = sorted(sum(resume_changes(json.loads(path.read_text()), record), []))  # each one counts here
+    saved = json.loads(path.read_text())
+    if TOKENIZER_CONTENT not in saved:
+        print(f"{path} does not record {RESOLVED_SETTINGS[TOKENIZER_CONTENT]} (the study started with an earlier "
+              "release): it cannot be checked", file=sys.stderr)  # fmt: skip
+        saved[TOKENIZER_CONTENT] = record[TOKENIZER_CONTENT]
+    changes = sorted(sum(resume_changes(saved, record), []))  # each one counts here
     if changes:
         raise CommandError(
             f"--out {out} holds runs trained and scored with other settings: {'; '.join(changes)} (run the study "

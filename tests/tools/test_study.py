@@ -269,6 +269,13 @@ def test_a_study_stopped_part_way_resumes_to_the_results_of_one_that_ran_through
     assert [path.stat().st_mtime_ns for path in results] == stamps
 
 
+@pytest.fixture
+def tokenizer_dir(tmp_path, tokenizer) -> str:
+    """A tokenizer directory, which the study reads to record what the tokenizer holds."""
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    return str(tmp_path / "tokenizer")
+
+
 def finished_run(out, run: Run) -> dict:
     """The result of `run`, written into study directory `out` as a run that finished writes it."""
     (out / "runs" / run.name).mkdir(parents=True)
@@ -278,10 +285,10 @@ def finished_run(out, run: Run) -> dict:
     return result
 
 
-def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path, capsys):
+def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path, tokenizer_dir, capsys):
     out = tmp_path / "study"
     options = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "1", "--report-only",
-               "--", "--data", "d", "--tokenizer", "t"]  # fmt: skip
+               "--", "--data", "d", "--tokenizer", tokenizer_dir]  # fmt: skip
     assert main(options) == 2
     assert f"--out {out} has no finished run of this study yet" in capsys.readouterr().err
     result = finished_run(out, Run("baseline", 2, 0))
@@ -293,12 +300,12 @@ def test_report_only_summarises_the_finished_runs_and_names_the_others(tmp_path,
     assert not (out / "runs" / "baseline-L2-s1").exists()  # nothing was trained
 
 
-def test_results_that_cannot_be_written_are_printed_then_one_line(tmp_path, capsys):
+def test_results_that_cannot_be_written_are_printed_then_one_line(tmp_path, tokenizer_dir, capsys):
     out = tmp_path / "study"
     finished_run(out, Run("baseline", 2, 0))
     with disk_full_past(2_000):  # results.json fits; a picture does not
         assert main(["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0",
-                     "--report-only", "--", "--data", "d", "--tokenizer", "t"]) == 1  # fmt: skip
+                     "--report-only", "--", "--data", "d", "--tokenizer", tokenizer_dir]) == 1  # fmt: skip
     captured = capsys.readouterr()
     assert "12.50 ± 0.00" in captured.out
     assert captured.err.splitlines()[-1] == (
@@ -320,11 +327,11 @@ def test_a_corpus_that_cannot_be_written_is_one_line_and_not_kept_half_written(t
     assert sorted(p.name for p in out.iterdir()) == ["documents.jsonl"]
 
 
-def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_studys(tmp_path, capsys):
+def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_studys(tmp_path, tokenizer_dir, capsys):
     out = tmp_path / "study"
     finished_run(out, Run("baseline", 2, 0))
     grid = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "--report-only"]
-    started = ["--data", "d", "--tokenizer", "t", "--lr", "1e-3", "--seq-len", "32"]
+    started = ["--data", "d", "--tokenizer", tokenizer_dir, "--lr", "1e-3", "--seq-len", "32"]
 
     # A study directory of an earlier release records nothing: said, and reported.
     assert main([*grid, "--", *started]) == 0
@@ -332,7 +339,8 @@ def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_study
 
     args = build_parser().parse_args([*grid, "--", *started])
     write_json(out / "study.json", study_record(args, _shared_finetune_args(args)[1]))
-    assert main([*grid, "--", "--seq-len=32", "--lr", "0.001", "--tokenizer", "t", "--data", "d"]) == 0  # the same
+    same = ["--seq-len=32", "--lr", "0.001", "--tokenizer", tokenizer_dir, "--data", "d"]
+    assert main([*grid, "--", *same]) == 0
     capsys.readouterr()
     assert main([*grid, "--preset", "mini", "--", *started, "--lr", "3e-3", "--max-steps", "5"]) == 2
     assert capsys.readouterr().err == (
@@ -343,5 +351,35 @@ def test_runs_trained_with_other_settings_are_refused_not_reported_as_this_study
 
     # Before any run has trained, nothing holds the settings: they may change.
     (out / "runs" / "baseline-L2-s0" / "result.json").unlink()
-    other = build_parser().parse_args([*grid, "--", "--data", "d", "--tokenizer", "t"])
+    other = build_parser().parse_args([*grid, "--", "--data", "d", "--tokenizer", tokenizer_dir])
     check_same_study(out, study_record(other, _shared_finetune_args(other)[1]))
+
+
+def test_a_tokenizer_changed_in_place_is_refused_for_the_runs_trained_with_it(tmp_path, tokenizer_dir, capsys):
+    out = tmp_path / "study"
+    finished_run(out, Run("baseline", 2, 0))
+    command = ["study", "--out", str(out), "--modes", "baseline", "--depths", "2", "--seeds", "0", "--", "--data", "d",
+               "--tokenizer", tokenizer_dir]  # fmt: skip
+    assert main(command) == 0  # the finished run read back, and the settings recorded
+    capsys.readouterr()
+
+    rules_file = tmp_path / "tokenizer" / "tokenizer.json"
+    rules = json.loads(rules_file.read_text())
+    merges = rules["model"]["merges"]
+    merges[0], merges[1] = merges[1], merges[0]  # the same vocabulary, another tokenisation
+    rules_file.write_text(json.dumps(rules))
+    assert main(command) == 2
+    assert re.fullmatch(
+        rf"delta-qwen3 study: error: --out {re.escape(str(out))} holds runs trained and scored with other settings: "
+        r"the tokenizer's vocabulary, rules and special tokens \(blake2b [0-9a-f]{16} -> blake2b [0-9a-f]{16}\) "
+        r"\(run the study with the settings it started with, or give another --out\)\n",
+        capsys.readouterr().err,
+    )
+
+    # A study directory of an earlier release does not record the tokenizer: said, not refused.
+    recorded = json.loads((out / "study.json").read_text())
+    del recorded["tokenizer_content"]
+    write_json(out / "study.json", recorded)
+    assert main(command) == 0
+    assert (f"{out / 'study.json'} does not record the tokenizer's vocabulary, rules and special tokens (the study "
+            "started with an earlier release): it cannot be checked") in capsys.readouterr().err  # fmt: skip
