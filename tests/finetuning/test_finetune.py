@@ -11,7 +11,6 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import finetune
 from delta_qwen3.corpus import python_docs_texts
-from delta_qwen3.errors import CommandError
 from delta_qwen3.texts import document_token_ids
 from finetune.config import parse_args
 from finetune.evaluation import validation_nll
