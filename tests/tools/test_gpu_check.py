@@ -107,7 +107,7 @@ def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_sti
 
     functions = {
         "raises": lambda section: 1 / 0,
-        "times_out": lambda section: busy_for(30)(),
+        "times_out": lambda section: time.sleep(30),
         "fails": lambda section: section.check("too large", 3.0, 2.0),
         "passes": passes,
         "skips": skips,
@@ -181,33 +181,37 @@ def test_a_non_finite_attention_result_is_checked_against_plain_qwen3(monkeypatc
     assert section.data["figures"]["qwen3 sdpa bfloat16: gradients finite"] is False
 
 
-def busy_for(seconds: float):
-    """A part that runs Python code for `seconds`: the budget's signal interrupts it wherever the signal lands (a
-    sleep is interrupted only when the signal lands in the main thread, which test workers' threads do not assure)."""
+# In a fresh interpreter: in a test worker that has run other tests, the garbage collection between parts can run
+# finalizers of earlier tests' objects, and one that cancels the process's alarm (signal.alarm(0)) cancels the
+# budget's timer with it.
+BUDGET_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from benchmarks import gpu_check
 
-    def part():
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            pass
+run, ran = gpu_check.Run(Path(sys.argv[1]), {"settings": {}, "sections": {}}), []
 
-    return part
+def performance(section):
+    gpu_check.run_parts(section, {
+        "raises": lambda: 1 / 0,
+        "measures": lambda: gpu_check.record_goal(section, "training", "delta", "training: delta / qwen3", 0.9),
+        "runs_out": lambda: time.sleep(30),
+        "after": lambda: ran.append("after"),
+    })
+
+with (Path(sys.argv[1]) / "log").open("w") as log:
+    gpu_check.run_sections(run, {"performance": performance}, {"performance": 1.0}, log)
+print(json.dumps({"data": run.sections()["performance"], "ran": ran}))
+"""
 
 
 def test_the_performance_parts_after_a_budget_runs_out_are_not_run_and_an_error_is_recorded(tmp_path):
-    run = gpu_check.Run(tmp_path, {"settings": {}, "sections": {}})
-    ran = []
-
-    def performance(section):
-        gpu_check.run_parts(section, {
-            "raises": lambda: 1 / 0,
-            "measures": lambda: gpu_check.record_goal(section, "training", "delta", "training: delta / qwen3", 0.9),
-            "runs_out": busy_for(30),
-            "after": lambda: ran.append("after"),
-        })  # fmt: skip
-
-    with (tmp_path / "log").open("w") as log:
-        gpu_check.run_sections(run, {"performance": performance}, {"performance": 1.0}, log)
-    data = run.sections()["performance"]
+    completed = subprocess.run([sys.executable, "-c", BUDGET_SCRIPT, str(tmp_path)], cwd=REPO_ROOT,
+                               env=isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    data, ran = result["data"], result["ran"]
     assert data["status"] == "fail" and data["seconds"] < 5 and not ran
     assert data["errors"] == {"raises": "ZeroDivisionError: division by zero"}
     assert [(check["name"], check["pass"]) for check in data["checks"]] == [
