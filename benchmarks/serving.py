@@ -58,7 +58,8 @@ def save_models(root: Path, shape: dict, modes: list[str]) -> dict[str, Path]:
     fields = config.to_dict()
     fields.pop("model_type")
     for mode in modes:
-        delta = DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=mode in TARGETS))
+        gated = ROUTING_MODES[mode].gateable
+        delta = DeltaQwen3ForCausalLM(DeltaQwen3Config(**fields, routing_mode=mode, routing_gate=gated))
         delta.load_state_dict(qwen3.state_dict(), strict=False)
         delta.save_pretrained(root / mode)
         paths[mode] = root / mode
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.shape, args.prompts, args.shortest, args.longest, args.new_tokens, args.rounds = "tiny", 4, 4, 16, 8, 1
     modes = args.modes.split(",")
-    refusing = [mode for mode in modes if mode in ROUTING_MODES and ROUTING_MODES[mode].miscompiled_on_cpu_before_torch_2_14]
+    refusing = [mode for mode in modes
+                if mode in ROUTING_MODES and ROUTING_MODES[mode].miscompiled_on_cpu_before_torch_2_14]
     if refusing and not args.enforce_eager:
         parser.error(f"{', '.join(refusing)} refuses vLLM's compiled mode on the CPU under PyTorch before 2.14, which "
                      "vLLM's CPU build pins (docs/SERVING.md): add --enforce-eager, or leave it out of --modes")

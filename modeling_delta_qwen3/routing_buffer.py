@@ -61,9 +61,9 @@ from .routing_math import logits as point_logits
 
 
 def buffer_sources(h0: torch.Tensor, plan, table):
-    """The buffer's sources for a forward pass from `h0` (see `routing_sources.Sources`), in the regime of that pass. Under
-    `torch.compile` they append and route eagerly between the compiled graphs: the training regime's autograd
-    functions keep state from call to call, which Dynamo cannot trace."""
+    """The buffer's sources for a forward pass from `h0` (see `routing_sources.Sources`), in the regime of that
+    pass. Under `torch.compile` they append and route eagerly between the compiled graphs: the training regime's
+    autograd functions keep state from call to call, which Dynamo cannot trace."""
     if plan.grad:
         sources = TrainingBuffer(h0, plan, table)
     elif h0.shape[:-1].numel() == 1:
@@ -124,7 +124,8 @@ class _ManyTokenStorage:
         self.logits_up_front = self.queries is not None and not decoding
         self.values = h0.new_empty(self.capacity, tokens, hidden)  # in the model's dtype
         # [capacity, tokens] in the compute dtype, when kept
-        self.inv_rms = h0.new_empty(self.capacity, tokens, dtype=self.compute) if keep or not self.logits_up_front else None
+        kept = keep or not self.logits_up_front
+        self.inv_rms = h0.new_empty(self.capacity, tokens, dtype=self.compute) if kept else None
         # [capacity, points, tokens]: r_j (x_j . w_p), when kept
         self.logits = (
             h0.new_empty(self.capacity, self.max_points, tokens, dtype=self.compute)
@@ -132,7 +133,8 @@ class _ManyTokenStorage:
             else None
         )
         self._eps = h0.new_full((), plan.eps, dtype=self.compute)
-        self._coefficient_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.compute)  # see `_coefficients`
+        # See `_coefficients`.
+        self._coefficient_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.compute)
         self._make_views()
 
     def _make_views(self) -> None:
@@ -191,9 +193,9 @@ class _ManyTokenStorage:
         return as_dtype(out.view(self.shape), self.dtype), alpha, logits, inv_rms
 
     def _coefficients(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reused buffer for the mixture's coefficients `gamma alpha_j`, as written `[sources, tokens]` and as read `[tokens, 1,
-        sources]`: contiguous for the batched product, whose per-token weights make it 15-25x slower on CPU when
-        strided."""
+        """A reused buffer for the mixture's coefficients `gamma alpha_j`, as written `[sources, tokens]` and as
+        read `[tokens, 1, sources]`: contiguous for the batched product, whose per-token weights make it 15-25x
+        slower on CPU when strided."""
         if sources not in self._coefficient_buffers:
             tokens = self.shape[:-1].numel()
             by_token = self._coefficient_scratch[: tokens * sources].view(tokens, 1, sources)
@@ -259,8 +261,9 @@ class TrainingBuffer:
 
     def __init__(self, h0: torch.Tensor, plan, table):
         self.storage = _TrainingStorage(h0, plan, table)
-        # The latest source's `order` (an empty tensor: see the module docstring). Only this object holds it: the autograd graph it leads to holds the storage,
-        # and a reference back from the storage would make a cycle that keeps the whole graph alive.
+        # The latest source's `order` (an empty tensor: see the module docstring). Only this object holds it: the
+        # autograd graph it leads to holds the storage, and a reference back from the storage would make a cycle that
+        # keeps the whole graph alive.
         self.order: torch.Tensor | None = None
 
     def append(self, x: torch.Tensor) -> None:
@@ -321,8 +324,8 @@ class OneTokenBuffer:
         self.count += 1
 
     def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `routing_sources.Sources.route`. `own_source` is written into the slot after the sources, which the next source
-        takes."""
+        """See `routing_sources.Sources.route`. `own_source` is written into the slot after the sources, which the
+        next source takes."""
         n, p = self.count, point.index
         if own_source is not None:
             self._write(n, own_source)
@@ -334,7 +337,10 @@ class OneTokenBuffer:
             scaled_w = (point.w * math.sqrt(point.w.shape[-1])).view(1, 1, -1)
         alpha = source_softmax(one_token_logits(scaled_w, x_transposed, norms), sources_dim=-1)  # [1, 1, n]
         gate = point.gate if self._gate_values is None else self._gate_values[p]
-        coefficients, scale = (alpha * as_dtype(gate, self.compute), 1) if isinstance(gate, torch.Tensor) else (alpha, gate)
+        if isinstance(gate, torch.Tensor):
+            coefficients, scale = alpha * as_dtype(gate, self.compute), 1
+        else:
+            coefficients, scale = alpha, gate
         if residual is None:
             out = torch.bmm(coefficients, x) if scale is None else torch.bmm(coefficients, x).mul_(scale)
         else:  # the gate, a number, scales the product inside `baddbmm`
@@ -443,7 +449,8 @@ def _deferred_point_backward(sources: _TrainingStorage, j: int) -> torch.Tensor 
         points = slice(start, stop)
         grad_outs = as_dtype(store.grad_out[points], compute).transpose(0, 1)  # [tokens, points, D]
         dots = torch.bmm(grad_outs, values).permute(1, 2, 0)  # x_j . G_p: [points, n, tokens]
-        alpha = source_softmax(sources.logits[:n, points].to(device), sources_dim=0).transpose(0, 1)  # [points, n, tokens]
+        logits = sources.logits[:n, points].to(device)
+        alpha = source_softmax(logits, sources_dim=0).transpose(0, 1)  # [points, n, tokens]
         gates = None if grad_gates is None else as_dtype(sources.gates[points].to(device), compute).view(-1, 1, 1)
         logit_grads, coefficients, per_token = mixture_backward(alpha, dots, gates, sources_dim=1)
         if grad_gates is not None:
@@ -492,11 +499,12 @@ class _Route(torch.autograd.Function):
         values, alpha, gate, own_source, logits, inv_rms, w = ctx.saved_tensors
         _, tokens, hidden = values.shape
         compute = alpha.dtype
-        grad_acc = as_dtype(grad_out.reshape(tokens, 1, hidden), compute)
-        dots = torch.bmm(grad_acc, as_dtype(values, compute).permute(1, 2, 0)).view(tokens, n).T  # x_j . G: [n, tokens]
+        grad_compute = as_dtype(grad_out.reshape(tokens, 1, hidden), compute)
+        # x_j . G: [n, tokens]
+        dots = torch.bmm(grad_compute, as_dtype(values, compute).permute(1, 2, 0)).view(tokens, n).T
         if own_source is not None:
             e = as_dtype(own_source.reshape(tokens, hidden), compute)
-            dots = torch.cat([dots, (e * grad_acc.view(tokens, hidden)).sum(-1)[None]])
+            dots = torch.cat([dots, (e * grad_compute.view(tokens, hidden)).sum(-1)[None]])
         gate_acc = None if gate is None else as_dtype(gate, compute)
         logit_grads, coefficients, per_token = mixture_backward(alpha, dots, gate_acc, sources_dim=0)
         grad_gate = None
@@ -516,7 +524,9 @@ class _Route(torch.autograd.Function):
         grad_own_source = None
         if own_source is not None:
             grad_w = e.T @ score_grads[n] if grad_w is None else grad_w.addmv_(e.T, score_grads[n])
-            grad_own_source = torch.addcmul(score_grads[n, :, None] * w, grad_acc.view(tokens, hidden), coefficients[n, :, None])
+            grad_own_source = torch.addcmul(
+                score_grads[n, :, None] * w, grad_compute.view(tokens, hidden), coefficients[n, :, None]
+            )
             own_inv_rms_grad = inverse_rms_gradient(logit_grads[n, None], logits[n, None], inv_rms[n])
             add_inverse_rms_gradient(grad_own_source, e, inv_rms[n], own_inv_rms_grad)
             grad_own_source = grad_own_source.view(own_source.shape).to(own_source.dtype)

@@ -57,7 +57,8 @@ class CompiledSources(SourceList):
         scores = [self._score(x, point.w) if s is None else s[point.index] for x, s in zip(tensors, scores)]
         alpha = source_softmax(torch.stack(scores), sources_dim=0)  # [n, tokens]
         like = tensors[0]
-        mix = weighted_sum_of_list([as_dtype(t, point.w.dtype) for t in tensors], alpha.view(len(tensors), *like.shape[:-1]))
+        weights = alpha.view(len(tensors), *like.shape[:-1])
+        mix = weighted_sum_of_list([as_dtype(t, point.w.dtype) for t in tensors], weights)
         return as_dtype(gated_residual(mix, residual, point.gate), like.dtype), alpha.T.detach()
 
     def carried(self) -> list[torch.Tensor]:

@@ -241,11 +241,11 @@ class AttnResBlockState(DepthState):
 
 @dataclass(frozen=True)
 class RoutingMode:
-    """What a routing mode declares: its name in the paper; its depth state; whether the routed mixture is added to a residual stream
-    (else it replaces it); whether its sources are blocks of layers (`routing_num_blocks`); whether its points may
-    be gated (`routing_gate`: only with a residual stream); whether a final routing point mixes the sources into the
-    last hidden state; and whether Inductor on the CPU before PyTorch 2.14 computes it wrong, which vLLM's
-    compiled mode meets (docs/SERVING.md)."""
+    """What a routing mode declares: its name in the paper; its depth state; whether the routed mixture is added to
+    a residual stream (else it replaces it); whether its sources are blocks of layers (`routing_num_blocks`);
+    whether its points may be gated (`routing_gate`: only with a residual stream); whether a final routing point
+    mixes the sources into the last hidden state; and whether Inductor on the CPU before PyTorch 2.14 computes it
+    wrong, which vLLM's compiled mode meets (docs/SERVING.md)."""
 
     name: str
     title: str  # the paper's name
@@ -266,8 +266,10 @@ ROUTING_MODES: dict[str, RoutingMode] = {
         RoutingMode("delta", "Delta AttnRes", DeltaState, residual_stream=True, blocks=False, final_point=False),
         RoutingMode("delta_block", "Delta Block", DeltaBlockState, residual_stream=True, blocks=True, final_point=False,
                     miscompiled_on_cpu_before_torch_2_14=True),
-        RoutingMode("attnres_full", "Full AttnRes", AttnResFullState, residual_stream=False, blocks=False, final_point=True),
-        RoutingMode("attnres_block", "Block AttnRes", AttnResBlockState, residual_stream=False, blocks=True, final_point=True),
+        RoutingMode("attnres_full", "Full AttnRes", AttnResFullState, residual_stream=False, blocks=False,
+                    final_point=True),
+        RoutingMode("attnres_block", "Block AttnRes", AttnResBlockState, residual_stream=False, blocks=True,
+                    final_point=True),
     )
 }
 GATEABLE_MODES = tuple(name for name, mode in ROUTING_MODES.items() if mode.gateable)

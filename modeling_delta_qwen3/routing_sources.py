@@ -55,7 +55,8 @@ class Sources(Protocol):
         return itself moved in place (the buffer must: earlier points' backward passes hold its storage) or a
         moved copy."""
 
-    # Only implementations that route layers recomputed by gradient checkpointing (where `Implementation.not_recomputable` is None):
+    # Only implementations that route layers recomputed by gradient checkpointing (`Implementation.not_recomputable`
+    # None):
     def carried(self) -> list[torch.Tensor]:
         """Every tensor held that gradients flow through, in the order `with_carried` takes them back."""
 

@@ -48,4 +48,4 @@ def test_routing_point_norms_swapped_for_other_modules_compute_the_same_model(tm
         for implementation, logits in expected.items():
             model.set_routing_implementation(implementation)
             torch.testing.assert_close(model(PROMPT).logits, logits, atol=0, rtol=0, msg=implementation)
-    assert swapped == 2 * model.config.num_hidden_layers - 1 + (not mode.startswith("delta"))
+    assert swapped == 2 * model.config.num_hidden_layers - 1 + ROUTING_MODES[mode].final_point

@@ -9,6 +9,7 @@ from helpers.models import MODES, VARIANTS, random_model, token_ids
 
 from finetune.model import enable_activation_checkpointing
 from modeling_delta_qwen3 import routing_points
+from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 pytestmark = pytest.mark.both_ends
 
@@ -60,7 +61,7 @@ def test_backward_passes_left_to_the_sources_agree_with_each_points_own(monkeypa
 def test_accelerate_device_hooks_keep_loss_and_gradients(mode):
     """Dispatch with a `device_map` hooks every decoder layer to move its inputs, the depth state among them, to the
     layer's device; the moved state must keep routing over the same sources and give the same gradients."""
-    model = random_model(mode, gated=mode.startswith("delta")).train()
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable).train()
     ids = token_ids()
     loss, grads = _loss_and_grads(model, ids)
     for layer in model.model.layers:
