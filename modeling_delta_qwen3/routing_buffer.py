@@ -58,6 +58,7 @@ from .routing_math import (
     weighted_sum,
 )
 from .routing_math import logits as point_logits
+from .routing_sources import buffer_slots
 
 
 def buffer_sources(h0: torch.Tensor, plan, table):
@@ -93,9 +94,8 @@ class _BetweenGraphs:
 
 
 def _slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
-    """Each slot of `buffer` along its first dimension, through an alias that autograd does not track, made once
-    per forward pass: in generation, indexing a tensor costs as much as the arithmetic."""
-    return None if buffer is None else buffer.data.unbind(0)
+    """`buffer_slots` of a buffer that may not exist (None)."""
+    return None if buffer is None else buffer_slots(buffer)
 
 
 class _ManyTokenStorage:

@@ -13,6 +13,7 @@ import copy
 import torch
 
 from .routing_op import RouteFunction, route
+from .routing_sources import buffer_slots
 
 
 class _AppendSource(torch.autograd.Function):
@@ -36,12 +37,6 @@ class _AppendSource(torch.autograd.Function):
         return None, None, None, grad_x, grad_prefix[: ctx.slot] if ctx.slot else None
 
 
-def _writable_slots(buffer: torch.Tensor, grad: bool) -> tuple[torch.Tensor, ...]:
-    """The buffer's slots to write sources into: with autograd, through an alias that it does not track (see
-    `_AppendSource`); without, the slots themselves (the alias would cost a decoding step one more operation)."""
-    return (buffer.data if grad else buffer).unbind(0)
-
-
 class FusedSources:
     """The sources of one forward pass in one buffer, and each routing point one registered operation over them
     (see the module docstring)."""
@@ -49,7 +44,8 @@ class FusedSources:
     def __init__(self, h0: torch.Tensor, plan, table):
         self.eps, self.grad = plan.eps, plan.grad
         self.buffer = h0.new_empty(plan.capacity, *h0.shape)
-        self.slots = _writable_slots(self.buffer, self.grad)
+        # Untracked only for autograd: without it, the alias would cost a decoding step one more operation.
+        self.slots = buffer_slots(self.buffer, untracked=self.grad)
         self.count = 0
         self.prefix: torch.Tensor | None = None  # with autograd: the sources so far, as `_AppendSource` returned
 
@@ -73,6 +69,6 @@ class FusedSources:
         if buffer is self.buffer:
             return self
         moved = copy.copy(self)
-        moved.buffer, moved.slots = buffer, _writable_slots(buffer, self.grad)
+        moved.buffer, moved.slots = buffer, buffer_slots(buffer, untracked=self.grad)
         moved.prefix = None if self.prefix is None else self.prefix.to(*args, **kwargs)
         return moved

@@ -24,6 +24,14 @@ class ResolvedPoint(NamedTuple):
     gate: torch.Tensor | None
 
 
+def buffer_slots(buffer: torch.Tensor, untracked: bool = True) -> tuple[torch.Tensor, ...]:
+    """Each slot of `buffer` along its first dimension, for the buffer implementations to write sources into, made
+    once per forward pass (indexing a tensor costs a dispatched operation each time, as much as the arithmetic in
+    generation); through an alias that autograd does not track (`.data`) when `untracked`, so that writing a slot
+    does not count as modifying what earlier points saved of the buffer."""
+    return (buffer.data if untracked else buffer).unbind(0)
+
+
 class SourcesPlan(Protocol):
     """What an implementation reads of a forward pass's plan (`routing.RoutingPlan`): the routing points in the order
     they run, the most sources held at once, RMSNorm's eps, whether autograd records the pass and whether
