@@ -1,9 +1,12 @@
 """What routing costs: DeltaQwen3 against Hugging Face's `Qwen3ForCausalLM` of the same shape, in one run.
 
-Five figures, each as a ratio to Qwen3 measured in the same process:
+Six figures, each as a ratio to Qwen3 measured in the same process:
 - autograd saved-activation bytes of one training forward (unique storages, parameters excluded): noise-free;
 - the operations PyTorch dispatches in a training forward and backward pass and in a decoding step: noise-free, and
   what bounds a step's time where each operation's dispatch costs more than its work (small shapes on a GPU);
+- the bytes those operations read and write per token, forward and backward, at the 0.6B model's width and depth
+  (`traffic`, counted operation by operation): what bounds a step's time where the work is large (long batches on a
+  GPU), and, less Qwen3's, what the routing itself moves;
 - training-step tokens/s (forward + backward + AdamW, fused on CUDA);
 - the same with both models under `torch.compile(fullgraph=True)`, and the seconds of each one's first step (its
   compilation);
@@ -21,6 +24,7 @@ up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`k
     python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
     python benchmarks/routing_overhead.py --figures compiled_training --variants delta_block,delta --training-pairs 20
     python benchmarks/routing_overhead.py --figures operations --variants delta_block,delta
+    python benchmarks/routing_overhead.py --figures traffic --dtype bfloat16 --routing-implementation fused
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --figures training --variants delta_block \
         --routing-implementation fla     # a routing implementation other than the model's default
 
@@ -36,7 +40,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from unittest import mock
 
@@ -57,7 +61,7 @@ VARIANTS = [("qwen3", None, False)] + [
     for name, mode in ROUTING_MODES.items()
     for gated in ((False, True) if mode.gateable else (False,))
 ]
-FIGURES = ("memory", "operations", "training", "compiled_training", "decoding")
+FIGURES = ("memory", "operations", "traffic", "training", "compiled_training", "decoding")
 MAX_MEMORY = {"delta_block": 1.05, "delta": 1.15}
 MIN_SPEED = {  # figure: mode: the least ratio to Qwen3
     "training": {"delta_block": 0.95, "delta": 0.85},
@@ -75,6 +79,11 @@ SMALL = dict(
     max_position_embeddings=4096,
 )
 QWEN3_06B = {**preset_fields("qwen3-0.6b"), "vocab_size": 151936}
+# The traffic figure's shape: the 0.6B model's width and depth (its vocabulary would only add the same bytes to both),
+# at the GPU check's two training batches (routing_fused.py reads the sources once per group of points only in long
+# batches).
+TRAFFIC_SHAPE = {**QWEN3_06B, "vocab_size": SMALL["vocab_size"]}
+TRAFFIC_BATCHES = {"4x512": (4, 512), "8x4096": (8, 4096)}
 DECODE_SHAPES = {"qwen3-0.6b": QWEN3_06B, "small": {**SMALL, "num_hidden_layers": 12}}
 
 
@@ -95,6 +104,7 @@ class Settings:
     variants: list[tuple[str, str | None, bool]] = field(default_factory=lambda: list(VARIANTS))  # Qwen3 first
     figures: tuple[str, ...] = FIGURES
     train_shape: dict | None = None  # the training figures' shape: by default SMALL with `train_layers` layers
+    traffic_shape: dict = field(default_factory=lambda: dict(TRAFFIC_SHAPE))
     build_orders: tuple[str, ...] = ("qwen3_first", "variant_first")  # which of the two to time
     compile_backend: str = "inductor"
     routing_implementation: str | None = None  # None: the model's default
@@ -171,6 +181,72 @@ def dispatched_operations(run: Callable[[], None]) -> int:
     with _OperationCount() as counter:
         run()
     return counter.count
+
+
+class _Traffic(TorchDispatchMode):
+    """Bytes that the dispatched operations read and write, as kernels that read each operand once and write each
+    result once move them: views move nothing; an argument written in place counts as written, and also as read
+    unless the operation only overwrites it (`copy_`, `fill_`, `zero_`). The routing operation's sources are counted
+    as far as it reads them and as often as its kernels do (`_ROUTING_READS`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.read = self.written = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.is_view:
+            return out
+        read, written = _operand_bytes(func, args, kwargs, out)
+        self.read += read
+        self.written += written
+        return out
+
+
+_OVERWRITES = {"copy_", "fill_", "zero_"}
+# The routing operations' arguments `sources`, `count` and `start` (none: 0) by position, and how many times their
+# kernels read the sources (routing_triton.py: the backward of `route` twice, for `c` and then the gradients; the
+# others once): `sources` may be a whole buffer of which an operation reads slots `start` to `count`.
+_ROUTING_READS = {
+    "delta_qwen3::route": (0, 1, 7, 1),
+    "delta_qwen3::route_backward": (1, 2, 8, 2),
+    "delta_qwen3::route_partial": (0, 1, None, 1),
+    "delta_qwen3::route_partial_backward": (2, 3, None, 1),
+}
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def _operand_bytes(func, args, kwargs, out) -> tuple[int, int]:
+    """(bytes read, bytes written) by one operation (see `_Traffic`)."""
+    schema = func._schema
+    read = written = 0
+    routing = _ROUTING_READS.get(schema.name)
+    for index, argument in enumerate(schema.arguments):
+        value = args[index] if index < len(args) else kwargs.get(argument.name)
+        size = _tensor_bytes(value)
+        if routing is not None and index == routing[0]:
+            _, count, start, passes = routing
+            start = 0 if start is None or start >= len(args) else args[start]
+            size = size // max(1, value.shape[0]) * (args[count] - start) * passes
+        elif routing is not None and argument.name == "own_source":
+            size *= routing[3]
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written += size
+            if schema.name.split("::")[-1] not in _OVERWRITES:
+                read += size
+        else:
+            read += size
+    if not any(r.alias_info is not None for r in schema.returns):  # in-place results are counted above
+        written += _tensor_bytes(out)
+    return read, written
 
 
 def _seconds(run: Callable[[], None], device: str) -> float:
@@ -350,6 +426,36 @@ def measure_operations(settings: Settings) -> dict:
     return results
 
 
+def measure_traffic(settings: Settings) -> dict:
+    """Bytes read and written per token by a training forward pass and by its backward pass at
+    `settings.traffic_shape`, for each variant and each batch of `TRAFFIC_BATCHES`, and each variant's excess over
+    Qwen3's: what its routing moves. Counted on the meta device, which computes nothing, so any batch costs a
+    second or so (the ratios, unlike the excess, depend on the number of tokens: the weights' bytes are shared by
+    all of them)."""
+    shape = settings.traffic_shape
+    results = {"hidden_size": shape["hidden_size"], "layers": shape["num_hidden_layers"]}
+    for batch_name, (batch, seq) in TRAFFIC_BATCHES.items():
+        tokens = batch * seq
+        ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+        moved = {"forward": {}, "backward": {}}
+        for label, mode, gated in settings.variants:
+            with torch.device("meta"):
+                model = build(shape, mode, gated, replace(settings, device="meta")).train()
+            with _Traffic() as forward:
+                loss = model(ids, labels=ids).loss
+            with _Traffic() as backward:
+                loss.backward()
+            for name, counter in (("forward", forward), ("backward", backward)):
+                moved[name][label] = {"read": counter.read / tokens, "written": counter.written / tokens}
+        for by_variant in moved.values():
+            qwen3_total = by_variant["qwen3"]["read"] + by_variant["qwen3"]["written"]
+            for counted in by_variant.values():
+                total = counted["read"] + counted["written"]
+                counted |= {"ratio": total / qwen3_total, "routing_bytes": total - qwen3_total}
+        results[batch_name] = moved
+    return results
+
+
 def measure_training(settings: Settings) -> dict:
     shape = settings.training_shape()
     ids = torch.randint(0, shape["vocab_size"], (settings.batch, settings.seq), device=settings.device)
@@ -421,6 +527,10 @@ def format_table(results: dict, labels: list[str]) -> str:
     columns = [(f"memory {d}L", results["memory"][d]) for d in sorted(results.get("memory", {}))]
     for step, counts in results.get("operations", {}).items():
         columns += [(f"{step} ops {d}L", counts[d]) for d in sorted(counts)]
+    for batch in TRAFFIC_BATCHES if "traffic" in results else ():
+        for step in ("forward", "backward"):
+            moved = results["traffic"][batch][step].items()
+            columns.append((f"{batch} {step} MB/token", {k: v["routing_bytes"] / 1e6 for k, v in moved}))
     titles = {"training": "train tok/s", "compiled_training": "compiled train tok/s", "decoding": "decode tok/s"}
     columns += [(title, results[figure]) for figure, title in titles.items() if figure in results]
     header = ["variant"] + [title for title, _ in columns]
@@ -492,6 +602,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Path | None
         variants=[VARIANTS[0]] + [variant for variant in VARIANTS[1:] if variant[0] in args.variants],
         figures=tuple(figure for figure in FIGURES if figure in args.figures),
         build_orders=("qwen3_first",) if args.quick else ("qwen3_first", "variant_first"),
+        traffic_shape={**SMALL, "num_hidden_layers": 4} if args.quick else dict(TRAFFIC_SHAPE),
         routing_implementation=args.routing_implementation,
     )
     if args.routing_implementation is not None:
@@ -518,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
             "routing_implementation": settings.routing_implementation,
         },
     }
-    measures = {"memory": measure_memory, "operations": measure_operations, "training": measure_training,
+    measures = {"memory": measure_memory, "operations": measure_operations, "traffic": measure_traffic,
+                "training": measure_training,
                 "compiled_training": measure_compiled_training, "decoding": measure_decoding}  # fmt: skip
     results |= {figure: measures[figure](settings) for figure in settings.figures}
     labels = [label for label, _, _ in settings.variants]

@@ -1,19 +1,35 @@
 """The `"fused"` routing implementation: each routing point is one `torch.ops.delta_qwen3.route` (`routing_op.py`),
 which reads the sources where they lie, in one `[capacity, *tokens, D]` buffer per forward pass.
 
-A source is copied into its slot of the buffer once, when appended. Without autograd a point reads the buffer's
-first `count` slots. With autograd, gradients reach the sources through the buffer's prefixes: appending source j
-returns the prefix `[:j+1]` (`_AppendSource`), whose gradient splits into source j's and the previous prefix's, and
-a point differentiates the prefix it reads. Autograd thus sums each source's gradient over the points that read it,
-while the forward pass saves nothing but views of the one buffer.
+A source is copied into its slot of the buffer once, when appended. Without autograd (inference, decoding) each
+point reads the buffer's first `count` slots.
+
+With autograd (training), where there are enough tokens and sources (`_worth_grouping`), the points are taken in
+groups of `group_size` in the order they run, and the sources that exist when a group's first point runs are read
+once for the whole group (`route_partial`): each of its points then merges that partial mixture with the sources
+added since (`route` from `start`), so a pass reads each source about `1 / group_size` as often, and its backward
+pass writes each source's gradient as rarely. Gradients reach the sources that a group or an ungrouped point reads
+at once through the buffer's prefixes: appending source j returns the prefix `[:j+1]` (`_AppendSource`), whose
+gradient splits into source j's and the previous prefix's; the sources a group's point reads after `start` get
+theirs directly. The forward pass saves nothing of the sources but views of the one buffer.
 """
 
 import copy
 
 import torch
 
-from .routing_op import RouteFunction, route
+from .routing_op import PartialFunction, RouteFunction, route
 from .routing_sources import buffer_slots
+
+
+# A dozen operations at a few microseconds each, on a GPU that moves several terabytes per second.
+GROUP_OPERATIONS_BYTES = 2**29
+
+
+def group_size(hidden_size: int) -> int:
+    """How many points read the sources together: the backward kernel of `route_partial` holds three rows of the
+    group per point in registers (`routing_triton.py`), which past 2048 columns leaves room for two."""
+    return 4 if hidden_size <= 2048 else 2
 
 
 class _AppendSource(torch.autograd.Function):
@@ -37,30 +53,83 @@ class _AppendSource(torch.autograd.Function):
         return None, None, None, grad_x, grad_prefix[: ctx.slot] if ctx.slot else None
 
 
+class _Group:
+    """The points of one group: the index of its first, the count of sources read together, and each point's
+    partial mixture and logits over them."""
+
+    def __init__(self, first: int, start: int, outputs: tuple[torch.Tensor, ...]):
+        self.first, self.start = first, start
+        size = len(outputs) // 2
+        self.mixes, self.logits = outputs[:size], outputs[size:]
+
+    def __contains__(self, index: int) -> bool:
+        return self.first <= index < self.first + len(self.mixes)
+
+    def to(self, *args, **kwargs) -> "_Group":
+        moved = copy.copy(self)
+        moved.mixes = tuple(t.to(*args, **kwargs) for t in self.mixes)
+        moved.logits = tuple(t.to(*args, **kwargs) for t in self.logits)
+        return moved
+
+
 class FusedSources:
     """The sources of one forward pass in one buffer, and each routing point one registered operation over them
     (see the module docstring)."""
 
     def __init__(self, h0: torch.Tensor, plan, table):
-        self.eps, self.grad = plan.eps, plan.grad
+        self.eps, self.grad, self.table = plan.eps, plan.grad, table
+        self.point_count, self.group_size = len(plan.points), group_size(h0.shape[-1])
         self.buffer = h0.new_empty(plan.capacity, *h0.shape)
         # Untracked only for autograd: without it, the alias would cost a decoding step one more operation.
         self.slots = buffer_slots(self.buffer, untracked=self.grad)
         self.count = 0
-        self.prefix: torch.Tensor | None = None  # with autograd: the sources so far, as `_AppendSource` returned
+        # With autograd: the sources so far, as `_AppendSource` returned them and one by one; the current group.
+        self.prefix: torch.Tensor | None = None
+        self.appended: list[torch.Tensor] = []
+        self.group: _Group | None = None
 
     def append(self, x: torch.Tensor) -> None:
         if self.grad:
             self.prefix = _AppendSource.apply(self.slots, self.buffer, self.count, x, self.prefix)
+            self.appended.append(x)
         else:
             self.slots[self.count].copy_(x)
         self.count += 1
 
     def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         """See `routing_sources.Sources.route`."""
-        if self.grad:
-            return RouteFunction.apply(self.prefix, self.count, own_source, point.w, point.gate, residual, self.eps)
-        return route(self.buffer, self.count, own_source, point.w, point.gate, residual, self.eps)
+        if not self.grad:
+            return route(self.buffer, self.count, own_source, point.w, point.gate, residual, self.eps)
+        if self.group is None or point.index not in self.group:
+            self.group = self._start_group(point.index) if self._worth_grouping() else None
+        if self.group is None:
+            return RouteFunction.apply(self.prefix, self.count, own_source, point.w, point.gate, residual, self.eps,
+                                       0, None, None)  # fmt: skip
+        group, member = self.group, point.index - self.group.first
+        return RouteFunction.apply(
+            self.buffer, self.count, own_source, point.w, point.gate, residual, self.eps, group.start,
+            group.mixes[member], group.logits[member], *self.appended[group.start : self.count],
+        )  # fmt: skip
+
+    def _worth_grouping(self) -> bool:
+        """Whether the sources so far are worth reading once for a group of points rather than once per point: the
+        reads saved must exceed what the group adds, a partial mixture in the compute dtype written and read per
+        point, and the dozen operations more that it dispatches, which cost a GPU about the time it takes to move
+        `GROUP_OPERATIONS_BYTES`. Long batches (many tokens) with many sources get there; a decoding step, short
+        batches and the block modes' few sources do not."""
+        slot_numel = self.slots[0].numel()
+        saved = (self.group_size - 1) * self.count * slot_numel * self.buffer.element_size()
+        added = 2 * self.group_size * slot_numel * self.table.dtype.itemsize + GROUP_OPERATIONS_BYTES
+        return saved > added
+
+    def _start_group(self, first: int) -> _Group:
+        """The group whose first point is `first`: the sources so far, read for all its points at once."""
+        last = min(first + self.group_size, self.point_count)
+        if self.table.queries is not None:
+            w_group = self.table.queries[first:last]
+        else:  # parameters known only as each point runs (sharded, offloaded): each resolved now
+            w_group = torch.stack([self.table.resolve(index).w for index in range(first, last)])
+        return _Group(first, self.count, PartialFunction.apply(self.prefix, self.count, w_group, self.eps))
 
     def to(self, *args, **kwargs) -> "FusedSources":
         """A copy on another device, the buffer copied with what it holds (accelerate's device hooks move the depth
@@ -71,4 +140,6 @@ class FusedSources:
         moved = copy.copy(self)
         moved.buffer, moved.slots = buffer, buffer_slots(buffer, untracked=self.grad)
         moved.prefix = None if self.prefix is None else self.prefix.to(*args, **kwargs)
+        moved.appended = [x.to(*args, **kwargs) for x in self.appended]
+        moved.group = None if self.group is None else self.group.to(*args, **kwargs)
         return moved

@@ -18,6 +18,7 @@ from helpers.paths import FLA_PATH, REPO_ROOT
 from helpers.running import isolated_env
 
 from modeling_delta_qwen3 import routing_op
+from modeling_delta_qwen3.routing_reference import depth_mix
 
 KERNEL_SCRIPT = Path(__file__).with_name("fused_kernel_on_cpu.py")
 # Relative errors (largest absolute difference over the largest absolute expected value). float32: measured up to
@@ -44,6 +45,45 @@ def sample_inputs(dtype: torch.dtype, own_source: bool, gate: bool, residual: bo
 @pytest.mark.parametrize("own_source,gate,residual", [(False, False, False), (True, False, False), (False, True, True)])
 def test_operation_passes_opcheck(dtype, own_source, gate, residual):
     torch.library.opcheck(torch.ops.delta_qwen3.route.default, sample_inputs(dtype, own_source, gate, residual))
+
+
+def grouped_inputs(dtype: torch.dtype, own_source: bool) -> tuple[tuple, tuple]:
+    """`route_partial`'s inputs for a group of 3 points over the first 2 of 4 sources, and `route`'s for its second
+    point, which reads the other 2 and that point's partial mixture."""
+    sources, _, own, w, gate, residual, eps = sample_inputs(dtype, own_source, True, True)
+    sources = torch.cat([sources, sources[:1] * 0.5]).detach().requires_grad_()
+    w_group = torch.stack([w, w.flip(0), 2 * w]).detach().requires_grad_()
+    mix, group_logits = routing_op.route_partial(sources, 2, w_group, eps)
+    partial_mix, partial_logits = mix[1].detach().requires_grad_(), group_logits[1].detach().requires_grad_()
+    return (sources, 2, w_group, eps), (sources, 4, own, w, gate, residual, eps, 2, partial_mix, partial_logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("own_source", [False, True])
+def test_grouped_reads_pass_opcheck(dtype, own_source):
+    partial_inputs, route_inputs = grouped_inputs(dtype, own_source)
+    torch.library.opcheck(torch.ops.delta_qwen3.route_partial.default, partial_inputs)
+    torch.library.opcheck(torch.ops.delta_qwen3.route.default, route_inputs)
+
+
+def test_grouped_reads_are_the_formula_over_all_the_sources_forward_and_backward():
+    """A point that merges its group's partial mixture with the sources read after it computes what it would over
+    all of them (float64, through autograd, the formula written out by `routing_reference.depth_mix`)."""
+    partial_inputs, route_inputs = grouped_inputs(torch.float64, own_source=True)
+    sources, _, w_group, eps = partial_inputs
+    _, count, own, w, gate, residual, _, start, _, _ = route_inputs
+    w = w_group[1]  # the point's query is its row of the group's
+    mix, group_logits = routing_op.route_partial(sources, start, w_group, eps)
+    out, weights = routing_op.route(sources, count, own, w, gate, residual, eps, start, mix[1], group_logits[1])
+    expected_out, expected_weights = depth_mix([*sources.unbind(0), own], w, eps, residual=residual, gate=gate)
+    torch.testing.assert_close(out, expected_out, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(weights.reshape(-1, 5), expected_weights, atol=1e-12, rtol=1e-12)
+    grad_out = torch.randn_like(out)
+    leaves = [sources, own, w_group, gate, residual]
+    got = torch.autograd.grad(out, leaves, grad_out)
+    expected = torch.autograd.grad(expected_out, leaves, grad_out)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
 def test_operation_reads_a_prefix_of_a_buffer_in_place_without_autograd():
@@ -78,13 +118,21 @@ def test_the_kernels_compute_the_operation_forward_and_backward_alone_and_throug
     report = run_kernel_script()
     assert set(report["op"]) == {"float32", "bfloat16"}
     assert not op_failures(report)
-    assert len(report["model"]) == 6
+    assert len(report["model"]) == 12  # each variant with points alone and in groups
     for variant, errors in report["model"].items():
         assert all(errors[name] < tolerance for name, tolerance in MODEL_TOLERANCES.items()), (variant, errors)
 
 
 @pytest.mark.slow
 def test_a_broken_kernel_fails_the_comparisons():
-    failures = op_failures(run_kernel_script("--broken"))
+    failures = op_failures(run_kernel_script("--broken", "route"))
     for comparison in ("out_vs_torch", "out_vs_formula", "grad_sources_vs_formula", "grad_w_vs_formula"):
         assert f"float32 {comparison}" in " ".join(failures), failures
+
+
+@pytest.mark.slow
+def test_a_broken_kernel_of_grouped_reads_fails_their_comparisons_alone():
+    failures = " ".join(op_failures(run_kernel_script("--broken", "partial")))
+    for comparison in ("grouped_out_vs_torch", "grouped_out_vs_formula", "grouped_grad_sources_vs_formula"):
+        assert f"float32 {comparison}" in failures, failures
+    assert "float32 out_vs_torch" not in failures and "float32 grad_sources_vs_torch" not in failures

@@ -11,7 +11,7 @@ import torch
 from helpers.models import VARIANTS, random_model, token_ids
 from helpers.spec_reference import mix as spec_mix
 
-from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_points
+from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_fused, routing_points
 from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
 from modeling_delta_qwen3.routing_reference import depth_mix
 
@@ -85,6 +85,19 @@ def test_implementations_match_reference_forward_and_backward(monkeypatch, mode,
             patch.setattr(routing_points, "stacked_queries", lambda points, like: None)
             patch.setattr(routing_points, "stacked_gates", lambda points, like: None)
             results[f"{name}, parameters not stacked"] = run(model, ids)
+    # `fused` reads the sources once per group of points only for batches far longer than these: here always.
+    model.set_routing_implementation("fused")
+    with monkeypatch.context() as patch:
+        patch.setattr(routing_fused, "GROUP_OPERATIONS_BYTES", -(2**62))  # whatever the number of sources
+        groups = []
+        start_group = routing_fused.FusedSources._start_group
+        patch.setattr(routing_fused.FusedSources, "_start_group", lambda self, first: groups.append(first) or
+                      start_group(self, first))  # fmt: skip
+        results["fused, grouped reads"] = run(model, ids)
+        assert len(groups) >= 2, groups  # groups of points read the sources together
+
+        patch.setattr(routing_points, "stacked_queries", lambda points, like: None)
+        results["fused, grouped reads, parameters not stacked"] = run(model, ids)
     use_reference(model)
     expected = run(model, ids)
     assert any(name.endswith("_route.query") for name in expected)

@@ -9,7 +9,18 @@ import torch
 from helpers.paths import REPO_ROOT, VLLM_PYTHON
 from helpers.running import isolated_env
 
-from benchmarks.routing_overhead import VARIANTS, Settings, dispatched_operations, measure_operations
+from benchmarks.routing_overhead import (
+    SMALL,
+    TRAFFIC_BATCHES,
+    VARIANTS,
+    Settings,
+    _Traffic,
+    dispatched_operations,
+    measure_operations,
+    measure_traffic,
+)
+from modeling_delta_qwen3 import routing_fused
+from modeling_delta_qwen3.routing_op import route, route_backward
 
 
 @pytest.mark.slow
@@ -144,6 +155,64 @@ def test_dispatched_operations_counts_each_operation_below_autograd_views_includ
             assert counts["qwen3"] == 1.0 and counts["delta_block"] > 1.0  # routing adds operations
             assert isinstance(counts["qwen3_operations"], int) and counts["qwen3_operations"] > 0
         assert first[step][4]["qwen3_operations"] > first[step][2]["qwen3_operations"]  # more layers, more
+
+
+def test_traffic_counts_each_operand_once_views_nothing_and_overwritten_arguments_as_written_only():
+    x, y = torch.ones(4, 8), torch.zeros(4, 8)  # 128 bytes each
+    with _Traffic() as traffic:
+        x.view(-1)
+        x.mul(2)
+    assert (traffic.read, traffic.written) == (128, 128)
+    with _Traffic() as traffic:
+        y.copy_(x)
+    assert (traffic.read, traffic.written) == (128, 128)
+    with _Traffic() as traffic:
+        y.add_(x)
+    assert (traffic.read, traffic.written) == (256, 128)
+
+
+def test_traffic_counts_the_routing_operations_sources_as_far_and_as_often_as_their_kernels_read_them():
+    sources, w = torch.randn(5, 3, 8), torch.randn(8)  # a buffer of 5 slots of 3 tokens, of which 2 are read
+    with _Traffic() as traffic:
+        out, weights = route(sources, 2, None, w, None, None, 1e-6)
+    assert traffic.read == 2 * 3 * 8 * 4 + 8 * 4  # two slots and the query, not the buffer
+    assert traffic.written == 3 * 8 * 4 + 3 * 2 * 4
+    grad_out, read = torch.ones_like(out), sources[:2]
+    with _Traffic() as traffic:
+        route_backward(grad_out, read, 2, None, w, None, weights, 1e-6)
+    assert traffic.read == 2 * (2 * 3 * 8 * 4) + 3 * 8 * 4 + 8 * 4 + 3 * 2 * 4  # the sources twice, G, w, weights
+    assert traffic.written == 2 * 3 * 8 * 4 + 8 * 4  # their gradients and w's (the gate's: none)
+    mix, group_logits = torch.randn(3, 8), torch.randn(3, 3)  # a partial mixture of 3 sources, for 3 tokens
+    with _Traffic() as traffic:
+        route(sources, 5, None, w, None, None, 1e-6, 3, mix, group_logits)
+    assert traffic.read == 2 * 3 * 8 * 4 + 8 * 4 + 3 * 8 * 4 + 3 * 3 * 4  # slots 3 and 4, w, the partial ones
+
+
+def test_traffic_figure_is_routings_excess_over_qwen3_and_the_fused_operation_moves_less(monkeypatch):
+    def traffic(implementation: str) -> dict:
+        settings = Settings(device="cpu", dtype=torch.bfloat16, batch=1, seq=16, depths=[2], train_layers=2,
+                            training_pairs=1, decode_shape={}, prompt=8, new_tokens=1, decode_runs=1,
+                            keep_freed_memory=False, variants=[v for v in VARIANTS if v[0] in ("qwen3", "delta")],
+                            traffic_shape={**SMALL, "num_hidden_layers": 12},
+                            routing_implementation=implementation)  # fmt: skip
+        return measure_traffic(settings)
+
+    buffer, fused = traffic("buffer"), traffic("fused")
+    assert buffer == traffic("buffer")  # counted: no noise
+    for batch in TRAFFIC_BATCHES:
+        for step in ("forward", "backward"):
+            qwen3, delta = buffer[batch][step]["qwen3"], buffer[batch][step]["delta"]
+            assert qwen3["routing_bytes"] == 0 and qwen3["ratio"] == 1.0
+            assert delta["read"] + delta["written"] - qwen3["read"] - qwen3["written"] == delta["routing_bytes"] > 0
+            # The fused operation reads each source once per point where the buffer's operations read and write more.
+            assert 0 < fused[batch][step]["delta"]["routing_bytes"] < delta["routing_bytes"]
+    # In the long batch, groups of points read the sources together: less than each point reading them all.
+    monkeypatch.setattr(routing_fused, "GROUP_OPERATIONS_BYTES", float("inf"))
+    per_point = traffic("fused")
+    for step in ("forward", "backward"):
+        grouped, alone = (traffic["8x4096"][step]["delta"]["routing_bytes"] for traffic in (fused, per_point))
+        assert grouped < 0.9 * alone, (step, grouped, alone)
+    assert per_point["4x512"] == fused["4x512"]  # too short a batch to group at 12 layers
 
 
 def test_routing_overhead_routes_with_the_implementation_asked_for(tmp_path):
