@@ -135,7 +135,7 @@ def _route_backward(
     # Through the log-sum-exp, each partial logit's gradient is its share of the partial mixture's logit's.
     grad_partial_mix = coefficients[0, ..., None] * grad
     partial_scale = (dots[0] - per_token[0]) if gate_value is None else (dots[0] - per_token[0]) * gate_value
-    grad_partial_logits = weights[..., :partial_count] * partial_scale[..., None]
+    grad_partial_logits = (weights[..., :partial_count] * partial_scale[..., None]).contiguous()
     return grad_sources, grad_own_source, grad_w, grad_gate, grad_partial_mix, grad_partial_logits
 
 
@@ -174,7 +174,7 @@ def _route_partial_backward(
     inv_rms_grad = (logit_grads * group_logits).sum(0).movedim(-1, 0) / inv_rms  # sum_p dL/dl_pj l_pj / r_j
     add_inverse_rms_gradient(grad_x, x, inv_rms, inv_rms_grad)
     grad_w = torch.einsum("g...n,n...d->gd", score_grads, x)
-    return grad_x.to(sources.dtype, memory_format=torch.contiguous_format), grad_w
+    return grad_x.to(sources.dtype).contiguous(), grad_w
 
 
 def _route_fake(sources, count, own_source, w, gate, residual, eps, start=0, partial_mix=None, partial_logits=None):

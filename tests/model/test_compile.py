@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 from helpers.models import MODES, delta_config, token_ids
 from helpers.spec_reference import randomize_routing
 
-from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
+from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing_fused
 from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 pytestmark = pytest.mark.slow
@@ -107,6 +107,25 @@ def test_compiled_training_equals_eager(mode):
     loss.backward()
     torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=0)
     assert any(name.endswith("_route.query") for name in eager)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, eager[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.newest_end
+def test_compiled_training_through_the_fused_operation_with_grouped_reads_equals_eager(monkeypatch):
+    """The fused implementation's operations and autograd functions, points in groups (forced: these batches are
+    too short for them) as on a GPU in long batches, traced whole: eager's loss and gradients."""
+    monkeypatch.setattr(routing_fused, "GROUP_OPERATIONS_BYTES", -(2**62))
+    model = tiny_model("delta").train()
+    model.set_routing_implementation("fused")
+    ids = token_ids()
+    eager_loss = model(ids, labels=ids).loss
+    eager_loss.backward()
+    eager = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    loss = torch.compile(model, fullgraph=True)(ids, labels=ids).loss
+    loss.backward()
+    torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=0)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, eager[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 

@@ -61,9 +61,24 @@ def grouped_inputs(dtype: torch.dtype, own_source: bool) -> tuple[tuple, tuple]:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("own_source", [False, True])
 def test_grouped_reads_pass_opcheck(dtype, own_source):
+    """The operations, and their backward passes called as operations (whose outputs' strides `torch.compile`
+    checks against the fake ones)."""
     partial_inputs, route_inputs = grouped_inputs(dtype, own_source)
     torch.library.opcheck(torch.ops.delta_qwen3.route_partial.default, partial_inputs)
     torch.library.opcheck(torch.ops.delta_qwen3.route.default, route_inputs)
+    sources, count, w_group, eps = partial_inputs
+    with torch.no_grad():
+        mix, group_logits = routing_op.route_partial(*partial_inputs)
+        out, weights = routing_op.route(*route_inputs)
+    _, _, own, w, gate, _, _, start, partial_mix, _ = route_inputs
+    backward_inputs = (torch.ones_like(out), sources, 4, own, w, gate, weights, eps, start, partial_mix)
+    partial_backward_inputs = (torch.ones_like(mix), torch.ones_like(group_logits), sources, count, w_group, mix,
+                               group_logits, eps)  # fmt: skip
+    for op, inputs in ((routing_op.route_backward, backward_inputs),
+                       (routing_op.route_partial_backward, partial_backward_inputs)):  # fmt: skip
+        # Not differentiable themselves: called with tensors that need no gradient.
+        inputs = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in inputs)
+        torch.library.opcheck(op, inputs)
 
 
 def test_grouped_reads_are_the_formula_over_all_the_sources_forward_and_backward():
