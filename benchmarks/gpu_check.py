@@ -1,12 +1,13 @@
 """Does DeltaQwen3 work on this GPU? A self-check in the spirit of `accelerate test`, one command:
 
-    python -m benchmarks.gpu_check --out DIR               # on one CUDA GPU, in under 11 minutes (`make gpu-check`)
+    python -m benchmarks.gpu_check --out DIR               # on one CUDA GPU, in under 12 minutes (`make gpu-check`)
     python -m benchmarks.gpu_check --out DIR --rehearsal   # the same code on the CPU at tiny shapes, in a minute
     python -m benchmarks.gpu_check --out DIR --sections performance --budget-scale 1.35  # performance alone, 8 min
 
 Six sections, each with its own time budget, pass/fail, figures and tolerances:
-  implementations  every routing implementation (reference, buffer, compiled, fla where installed) against the
-                   reference, forward and backward, in every routing mode, in float32 (TF32 off) and bfloat16;
+  implementations  every routing implementation (reference, buffer, compiled, fused, fla where installed, and fused
+                   with its points in groups) against the reference, forward and backward, in every routing mode,
+                   in float32 (TF32 off) and bfloat16;
   attention        sdpa (and flash-attention 2 where installed) against eager attention in the model, on a
                    left-padded batch;
   compile          `torch.compile(fullgraph=True)`: a training step's loss and gradients, and generation, against
@@ -96,7 +97,7 @@ GPU = Profile(
     device="cuda",
     # Measured on an H200: fla's kernels autotune for a minute per dtype on first use (implementations); compiling
     # a training step of the 0.6B shape takes one to two minutes per model (performance).
-    budgets=dict(implementations=125, attention=20, compile=85, performance=330, learning=60, serving=30),
+    budgets=dict(implementations=150, attention=20, compile=85, performance=330, learning=60, serving=30),
     check_shape=CHECK_SHAPE | dict(hidden_size=256, intermediate_size=512, head_dim=64, num_hidden_layers=6),
     check_tokens=(2, 64),
     perf_shape={},  # the Qwen3-0.6B shape, from benchmarks/routing_overhead.py (see `performance_settings`)
@@ -262,30 +263,48 @@ def routing_implementations(profile: Profile, section: SectionRecord) -> list[st
     return names
 
 
+@contextlib.contextmanager
+def routing_as(model: torch.nn.Module, variant: str) -> Iterator[None]:
+    """Route `model` with `variant`: an implementation's name, or "fused grouped", the fused implementation with
+    its points in groups (grouped reads, which only long batches get otherwise)."""
+    from modeling_delta_qwen3 import routing_fused
+
+    name, _, grouped = variant.partition(" ")
+    model.set_routing_implementation(name)
+    threshold = routing_fused.GROUP_OPERATIONS_BYTES
+    if grouped:
+        routing_fused.GROUP_OPERATIONS_BYTES = -(2**62)
+    try:
+        yield
+    finally:
+        routing_fused.GROUP_OPERATIONS_BYTES = threshold
+
+
 def check_implementations(profile: Profile, section: SectionRecord) -> None:
-    """Per mode and dtype, each implementation's training pass against the reference implementation's: in float32
-    against the float32 reference; in bfloat16 against the float32 reference, within what the bfloat16 reference
-    is off by itself (`bfloat16_limits`)."""
+    """Per mode and dtype, each implementation's training pass (and the fused one's with grouped reads) against the
+    reference implementation's: in float32 against the float32 reference; in bfloat16 against the float32
+    reference, within what the bfloat16 reference is off by itself (`bfloat16_limits`)."""
     from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
     names = routing_implementations(profile, section)
+    variants = [*names, *(["fused grouped"] if "fused" in names else [])]
     ids = check_ids(profile)
     for mode in ROUTING_MODES:
         model = random_delta(profile, mode).train()
         with float32_without_tf32():
             model.set_routing_implementation("reference")
             exact = training_pass(model, ids)
-            for name in names:
-                model.set_routing_implementation(name)
-                check_groups(section, f"{mode} float32 {name}", errors(training_pass(model, ids), exact),
-                             dict.fromkeys(exact, FLOAT32_TOLERANCE))
+            for variant in variants:
+                with routing_as(model, variant):
+                    check_groups(section, f"{mode} float32 {variant}", errors(training_pass(model, ids), exact),
+                                 dict.fromkeys(exact, FLOAT32_TOLERANCE))
         model.to(torch.bfloat16).set_routing_implementation("reference")
         yardstick = errors(training_pass(model, ids), exact)
         section.figure(f"{mode} bfloat16 reference", yardstick)
-        for name in names:
-            model.set_routing_implementation(name)
-            check_groups(section, f"{mode} bfloat16 {name}", errors(training_pass(model, ids), exact),
-                         bfloat16_limits(yardstick))
+        for variant in variants:
+            with routing_as(model, variant):
+                check_groups(section, f"{mode} bfloat16 {variant}", errors(training_pass(model, ids), exact),
+                             bfloat16_limits(yardstick))
 
 
 # --- attention ----------------------------------------------------------------------------------------------------

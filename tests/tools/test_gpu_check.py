@@ -35,7 +35,8 @@ def test_the_rehearsal_runs_every_section_and_passes(tmp_path):
         assert sections[name]["checks"] and all(check["pass"] for check in sections[name]["checks"])
     implementations = {check["name"].split(":")[0] for check in sections["implementations"]["checks"]}
     assert implementations == {f"{mode} {dtype} {name}" for mode in ROUTING_MODES
-                               for dtype in ("float32", "bfloat16") for name in ("buffer", "compiled", "fused")}
+                               for dtype in ("float32", "bfloat16")
+                               for name in ("buffer", "compiled", "fused", "fused grouped")}
     assert sections["implementations"]["not_run"]["fla"].startswith("flash-linear-attention is not installed")
     check_performance_rehearsal(sections["performance"])
     assert all(len(sections["learning"]["figures"][f"{mode} losses"]) == 20 for mode in ("baseline", "delta_block"))
