@@ -17,6 +17,11 @@ FIGURES = ("val_ppl", "mean_max_weight_multi_source", "mean_max_weight", "tokens
 # Each delta mode's AttnRes counterpart: the same sources' routing without the residual stream, the paper's
 # comparison.
 COUNTERPARTS = {"delta": "attnres_full", "delta_block": "attnres_block"}
+# Student's t two-sided 95 % quantiles by degrees of freedom (pairs - 1), for the paired differences' intervals;
+# past 30 the normal's 1.960, within 2 % of t's.
+T_QUANTILES_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+                  2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+                  2.045, 2.042)  # fmt: skip
 
 
 def _spread(values: list[float]) -> dict:
@@ -55,11 +60,23 @@ def _against(result: dict) -> list[tuple[str, int | None]]:
     return [("baseline", None)] + ([(counterpart, result["num_blocks"])] if counterpart else [])
 
 
+def mean_interval_95(differences: list[float]) -> list[float] | None:
+    """The 95 % confidence interval of the mean of paired differences (Student's t over the pairs); None for one."""
+    if len(differences) < 2:
+        return None
+    mean = statistics.fmean(differences)
+    degrees = len(differences) - 1
+    quantile = T_QUANTILES_95[degrees - 1] if degrees <= len(T_QUANTILES_95) else 1.960
+    half = quantile * statistics.stdev(differences) / len(differences) ** 0.5
+    return [mean - half, mean + half]
+
+
 def paired_comparisons(results: list[dict]) -> dict[str, dict]:
     """"GROUP vs GROUP" -> each mode against the baseline and against its AttnRes counterpart of the same depth
     (and block count): per seed the two share, `ppl / ppl_other - 1` (negative: the first is better), their mean
-    and how many are below zero. Seeds fix the initialisation and the data order alike, so a pair differs in its
-    routing only and the seed spread, larger than the modes' differences at small budgets, cancels."""
+    with its 95 % interval over the seeds, and how many are below zero. Seeds fix the initialisation and the data
+    order alike, so a pair differs in its routing only and the seed spread, larger than the modes' differences at
+    small budgets, cancels."""
     ppl = {(r["mode"], r["num_blocks"], r["layers"], r["seed"]): r["val_ppl"] for r in results}
     groups = {(r["mode"], r["num_blocks"], r["layers"]): r["group"] for r in results}
     paired: dict[str, dict] = {}
@@ -76,8 +93,8 @@ def paired_comparisons(results: list[dict]) -> dict[str, dict]:
             entry["relative_differences"].append(result["val_ppl"] / other - 1)
     for entry in paired.values():
         differences = entry["relative_differences"]
-        entry |= {"mean": statistics.fmean(differences), "below": sum(d < 0 for d in differences),
-                  "pairs": len(differences)}  # fmt: skip
+        entry |= {"mean": statistics.fmean(differences), "interval95": mean_interval_95(differences),
+                  "below": sum(d < 0 for d in differences), "pairs": len(differences)}  # fmt: skip
     return paired
 
 
@@ -87,7 +104,10 @@ def _label(entry: dict) -> str:
 
 def _versus(paired: dict[str, dict], group: str, against: str) -> str:
     pair = next((p for name, p in paired.items() if name.startswith(f"{group} vs ") and p["against"] == against), None)
-    return "-" if pair is None else f"{100 * pair['mean']:+.1f} % ({pair['below']}/{pair['pairs']} below)"
+    if pair is None:
+        return "-"
+    interval = "" if pair["interval95"] is None else " [{:+.1f}, {:+.1f}]".format(*(100 * v for v in pair["interval95"]))
+    return f"{100 * pair['mean']:+.1f} %{interval} ({pair['below']}/{pair['pairs']} below)"
 
 
 def _in_order(summary: dict[str, dict]) -> list[tuple[str, dict]]:
@@ -177,8 +197,8 @@ def plot_sharpness_by_band(summary: dict[str, dict], path: Path) -> Path:
 
 
 def plot_paired_differences(paired: dict[str, dict], path: Path) -> Path:
-    """One panel per comparison: each seed's relative perplexity difference (a dot) and their mean (a line)
-    against depth; below zero, the first mode is better."""
+    """One panel per comparison: each seed's relative perplexity difference (a dot) and their mean (a line) with
+    its 95 % interval (a bar) against depth; below zero, the first mode is better."""
     comparisons: dict[str, list[dict]] = {}
     for entry in paired.values():
         comparisons.setdefault(f"{_label(entry)} vs {entry['against']}", []).append(entry)
@@ -190,6 +210,9 @@ def plot_paired_differences(paired: dict[str, dict], path: Path) -> Path:
             axis.scatter([entry["layers"]] * entry["pairs"], [100 * d for d in entry["relative_differences"]],
                          color="tab:blue", alpha=0.6, s=18)  # fmt: skip
         axis.plot([e["layers"] for e in entries], [100 * e["mean"] for e in entries], color="tab:blue", marker="_")
+        for entry in entries:
+            if entry["interval95"] is not None:
+                axis.vlines(entry["layers"], *(100 * v for v in entry["interval95"]), color="tab:blue", linewidth=2)
         axis.axhline(0, color="black", linewidth=0.8)
         axis.set_xticks(sorted({e["layers"] for e in entries}))
         axis.set_title(title, fontsize=9)

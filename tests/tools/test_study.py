@@ -20,7 +20,7 @@ from finetune.model import build_model_config
 from study import debian_docs, python_docs
 from study.cli import _shared_finetune_args, check_same_study, study_record
 from study.grid import Run, expand_grid
-from study.report import format_band_table, format_table, paired_comparisons, summarise
+from study.report import format_band_table, format_table, mean_interval_95, paired_comparisons, summarise
 from study.runs import StudySettings, finetune_command
 
 
@@ -63,9 +63,12 @@ def test_each_mode_is_paired_with_the_baseline_and_its_attnres_counterpart_of_it
     versus_baseline = paired["delta-L4 vs baseline-L4"]
     assert versus_baseline["relative_differences"] == pytest.approx([-0.1, 0.05]) and versus_baseline["seeds"] == [0, 1]
     assert versus_baseline["mean"] == pytest.approx(-0.025) and versus_baseline["below"] == 1
+    # Two pairs: mean -0.025, standard deviation 0.15 / sqrt(2), so mean ± 12.706 * 0.075.
+    assert versus_baseline["interval95"] == pytest.approx([-0.025 - 0.952950, -0.025 + 0.952950])
     assert paired["delta-L8 vs baseline-L8"] == {
         "mode": "delta", "against": "baseline", "num_blocks": None, "layers": 8, "seeds": [0],
-        "relative_differences": [pytest.approx(-0.2)], "mean": pytest.approx(-0.2), "below": 1, "pairs": 1,
+        "relative_differences": [pytest.approx(-0.2)], "mean": pytest.approx(-0.2), "interval95": None, "below": 1,
+        "pairs": 1,
     }  # fmt: skip
     # Seeds in order whatever the order of the results: 90/75 and 210/175.
     assert paired["delta-L4 vs attnres_full-L4"]["relative_differences"] == pytest.approx([0.2, 0.2])
@@ -73,7 +76,15 @@ def test_each_mode_is_paired_with_the_baseline_and_its_attnres_counterpart_of_it
     assert paired["delta_block-b2-L4 vs attnres_block-b2-L4"]["relative_differences"] == pytest.approx([0.25])
     rows = format_table(summarise(results), paired).splitlines()
     delta_row = next(row for row in rows if row.startswith("delta ") and "| 4 " in row)
-    assert "-2.5 % (1/2 below)" in delta_row and "+20.0 % (0/2 below)" in delta_row
+    assert "-2.5 % [-97.8, +92.8] (1/2 below)" in delta_row and "+20.0 % [+20.0, +20.0] (0/2 below)" in delta_row
+
+
+def test_the_mean_paired_difference_has_students_95_percent_interval():
+    # Ten pairs 1..10: mean 5.5, standard error 3.02765 / sqrt(10), t(9) = 2.262.
+    assert mean_interval_95([float(i) for i in range(1, 11)]) == pytest.approx([5.5 - 2.16570, 5.5 + 2.16570], abs=1e-4)
+    assert mean_interval_95([0.0, 1.0] * 20) == pytest.approx([0.5 - 1.960 * 0.50637 / 40**0.5,
+                                                                 0.5 + 1.960 * 0.50637 / 40**0.5], abs=1e-4)  # fmt: skip
+    assert mean_interval_95([0.3]) is None
 
 
 def test_the_sharpness_per_depth_band_is_summarised_over_seeds():
