@@ -106,7 +106,9 @@ def _versus(paired: dict[str, dict], group: str, against: str) -> str:
     pair = next((p for name, p in paired.items() if name.startswith(f"{group} vs ") and p["against"] == against), None)
     if pair is None:
         return "-"
-    interval = "" if pair["interval95"] is None else " [{:+.1f}, {:+.1f}]".format(*(100 * v for v in pair["interval95"]))
+    interval = ""
+    if pair["interval95"] is not None:
+        interval = " [{:+.1f}, {:+.1f}]".format(*(100 * v for v in pair["interval95"]))
     return f"{100 * pair['mean']:+.1f} %{interval} ({pair['below']}/{pair['pairs']} below)"
 
 
