@@ -83,15 +83,16 @@ class FusedSources:
         # Untracked only for autograd: without it, the alias would cost a decoding step one more operation.
         self.slots = buffer_slots(self.buffer, untracked=self.grad)
         self.count = 0
-        # With autograd: the sources so far, as `_AppendSource` returned them and one by one; the current group.
+        # With autograd: the sources so far as `_AppendSource` returned them; the current group, and the sources
+        # appended since it started, one by one (what its points read after `start`).
         self.prefix: torch.Tensor | None = None
-        self.appended: list[torch.Tensor] = []
         self.group: _Group | None = None
+        self.since_group: list[torch.Tensor] = []
 
     def append(self, x: torch.Tensor) -> None:
         if self.grad:
             self.prefix = _AppendSource.apply(self.slots, self.buffer, self.count, x, self.prefix)
-            self.appended.append(x)
+            self.since_group.append(x)
         else:
             self.slots[self.count].copy_(x)
         self.count += 1
@@ -102,13 +103,14 @@ class FusedSources:
             return route(self.buffer, self.count, own_source, point.w, point.gate, residual, self.eps)
         if self.group is None or point.index not in self.group:
             self.group = self._start_group(point.index) if self._worth_grouping() else None
+            self.since_group = []
         if self.group is None:
             return RouteFunction.apply(self.prefix, self.count, own_source, point.w, point.gate, residual, self.eps,
                                        0, None, None)  # fmt: skip
         group, member = self.group, point.index - self.group.first
         return RouteFunction.apply(
             self.buffer, self.count, own_source, point.w, point.gate, residual, self.eps, group.start,
-            group.mixes[member], group.logits[member], *self.appended[group.start : self.count],
+            group.mixes[member], group.logits[member], *self.since_group,
         )  # fmt: skip
 
     def _worth_grouping(self) -> bool:
@@ -140,6 +142,6 @@ class FusedSources:
         moved = copy.copy(self)
         moved.buffer, moved.slots = buffer, buffer_slots(buffer, untracked=self.grad)
         moved.prefix = None if self.prefix is None else self.prefix.to(*args, **kwargs)
-        moved.appended = [x.to(*args, **kwargs) for x in self.appended]
+        moved.since_group = [x.to(*args, **kwargs) for x in self.since_group]
         moved.group = None if self.group is None else self.group.to(*args, **kwargs)
         return moved
