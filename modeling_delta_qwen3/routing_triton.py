@@ -159,20 +159,31 @@ def _route_backward(
             tl.store(grad_partial_logits + token * partial_count + j, tl.load(partial_weights + j) * scale)
 
 
+@triton.jit
+def _group_program(w_group, group, tokens, hidden, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """A program of grouped reads, for one token and a group's points as rows of 2-D blocks `[GROUP, BLOCK]`: the
+    token, its columns and their mask, the points and theirs, the group's queries, and the offsets of the token's
+    row of each point in a `[group, tokens, D]` tensor."""
+    token = tl.program_id(0).to(tl.int64)
+    columns = tl.arange(0, BLOCK)
+    points = tl.arange(0, GROUP)
+    mask = columns < hidden
+    point_mask = points < group
+    mask_2d = point_mask[:, None] & mask[None, :]
+    queries = tl.load(w_group + points[:, None] * hidden + columns[None, :], mask=mask_2d, other=0.0)
+    token_rows = (points[:, None] * tokens + token) * hidden + columns[None, :]
+    return token, columns, mask, points, point_mask, mask_2d, queries, token_rows
+
+
 @triton.jit(do_not_specialize=["count"])
 def _route_partial_forward(
     sources, source_stride, count, w_group, group, tokens, mix_out, logits_out, hidden, eps,
     GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     compute = w_group.dtype.element_ty
-    token = tl.program_id(0).to(tl.int64)
-    columns = tl.arange(0, BLOCK)
-    points = tl.arange(0, GROUP)
-    mask = columns < hidden
-    point_mask = points < group
-    rows = points[:, None] * hidden + columns[None, :]
-    mask_2d = point_mask[:, None] & mask[None, :]
-    queries = tl.load(w_group + rows, mask=mask_2d, other=0.0)
+    token, columns, mask, points, point_mask, mask_2d, queries, token_rows = _group_program(
+        w_group, group, tokens, hidden, GROUP, BLOCK
+    )
     point_logits = logits_out + (points * tokens + token) * count  # each point's row of logits for this token
     best = tl.full([GROUP], float("-inf"), compute)
     total = tl.zeros([GROUP], compute)
@@ -187,8 +198,7 @@ def _route_partial_forward(
         p = tl.exp(logit - new_best)
         best, total = new_best, total * scale + p
         mix = mix * scale[:, None] + p[:, None] * x[None, :]
-    out_rows = (points[:, None] * tokens + token) * hidden + columns[None, :]
-    tl.store(mix_out + out_rows, mix / total[:, None], mask=mask_2d)
+    tl.store(mix_out + token_rows, mix / total[:, None], mask=mask_2d)
 
 
 @triton.jit(do_not_specialize=["count"])
@@ -198,14 +208,9 @@ def _route_partial_backward(
     GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     compute = w_group.dtype.element_ty
-    token = tl.program_id(0).to(tl.int64)
-    columns = tl.arange(0, BLOCK)
-    points = tl.arange(0, GROUP)
-    mask = columns < hidden
-    point_mask = points < group
-    mask_2d = point_mask[:, None] & mask[None, :]
-    queries = tl.load(w_group + points[:, None] * hidden + columns[None, :], mask=mask_2d, other=0.0)
-    token_rows = (points[:, None] * tokens + token) * hidden + columns[None, :]
+    token, columns, mask, points, point_mask, mask_2d, queries, token_rows = _group_program(
+        w_group, group, tokens, hidden, GROUP, BLOCK
+    )
     grads = tl.load(grad_mix + token_rows, mask=mask_2d, other=0.0)
     mix_dots = tl.sum(tl.load(mix + token_rows, mask=mask_2d, other=0.0) * grads, axis=1)
     point_offsets = (points * tokens + token) * count

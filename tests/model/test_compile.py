@@ -98,6 +98,12 @@ def test_compiled_block_modes_with_blocks_of_several_layers_equal_eager():
 @pytest.mark.parametrize("mode", MODES)
 def test_compiled_training_equals_eager(mode):
     model = tiny_model(mode).train()
+    eager = assert_compiled_training_equals_eager(model)
+    assert any(name.endswith("_route.query") for name in eager)
+
+
+def assert_compiled_training_equals_eager(model: DeltaQwen3ForCausalLM) -> dict[str, torch.Tensor]:
+    """The loss and every gradient of a compiled training pass equal eager mode's; returns eager's gradients."""
     ids = token_ids()
     eager_loss = model(ids, labels=ids).loss
     eager_loss.backward()
@@ -106,9 +112,9 @@ def test_compiled_training_equals_eager(mode):
     loss = torch.compile(model, fullgraph=True)(ids, labels=ids).loss
     loss.backward()
     torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=0)
-    assert any(name.endswith("_route.query") for name in eager)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, eager[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    return eager
 
 
 @pytest.mark.newest_end
@@ -118,16 +124,7 @@ def test_compiled_training_through_the_fused_operation_with_grouped_reads_equals
     monkeypatch.setattr(routing_fused, "GROUP_OPERATIONS_BYTES", -(2**62))
     model = tiny_model("delta").train()
     model.set_routing_implementation("fused")
-    ids = token_ids()
-    eager_loss = model(ids, labels=ids).loss
-    eager_loss.backward()
-    eager = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-    loss = torch.compile(model, fullgraph=True)(ids, labels=ids).loss
-    loss.backward()
-    torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=0)
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, eager[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert_compiled_training_equals_eager(model)
 
 
 LIMITS = {"delta_block": 1.05, "delta": 1.15}
