@@ -724,9 +724,9 @@ def run_parts(section: SectionRecord, parts: dict[str, Callable[[], None]]) -> N
 
 def performance_parts(profile: Profile, section: SectionRecord) -> dict[str, Callable[[], None]]:
     """The performance section's parts, cheapest and most wanted first, so that what is measured before the budget
-    runs out is what matters most: memory at both batch sizes; eager training at both; the routing operation's bandwidth;
-    kernels and GPU-busy time; eager decoding; decoding under CUDA graphs; compiled training, whose compilation
-    takes minutes at the 0.6B shape."""
+    runs out is what matters most: memory at both batch sizes; eager training at both; the routing operation's
+    bandwidth; kernels and GPU-busy time; eager decoding; decoding under CUDA graphs; compiled training, whose
+    compilation takes minutes at the 0.6B shape."""
     from benchmarks.routing_overhead import GreedyDecoder, training_step
 
     settings = performance_settings(profile, profile.perf_variants)
