@@ -27,7 +27,7 @@ _WRITES_IN_PLACE = "it writes its sources in place, and a layer's recomputation 
 
 IMPLEMENTATIONS = {
     "reference": Implementation(ReferenceSources),
-    "buffer": Implementation(buffer_sources, not_recomputable=_WRITES_IN_PLACE),
+    "buffer": Implementation(buffer_sources, not_recomputable=_WRITES_IN_PLACE, stacked_gates=True),
     "fla": Implementation(FlaSources, unavailable=fla_unavailable),
     "compiled": Implementation(CompiledSources),
     "fused": Implementation(FusedSources, not_recomputable=_WRITES_IN_PLACE),
@@ -58,8 +58,9 @@ class RoutingPlan:
 
     def start(self, h0: torch.Tensor, config: DeltaQwen3Config) -> DepthState:
         """The depth state of a forward pass whose embeddings are `h0`."""
-        table = PointTable(self.points, h0)
-        sources = IMPLEMENTATIONS[self.implementation].sources(h0, self, table)
+        implementation = IMPLEMENTATIONS[self.implementation]
+        table = PointTable(self.points, h0, stack_gates=implementation.stacked_gates)
+        sources = implementation.sources(h0, self, table)
         return self.mode.state(h0, config, len(self.points), table, sources)
 
 

@@ -93,15 +93,16 @@ def stacked_gates(points: list[RoutingPoint], like: torch.Tensor) -> torch.Tenso
 
 class PointTable:
     """The routing points' parameters for one forward pass, in the order the points run, resolved once per point
-    (`resolve`): stacked up front (`queries` `[points, D]`, `gates` `[points]`) when they are whole ordinary tensors
-    on the hidden states' device, else read from its module when a point runs (sharded, offloaded: only then do
-    their values exist). Implementations that score sources against every later point when the sources are written
-    read `queries`; None when not stacked."""
+    (`resolve`): stacked up front (`queries` `[points, D]`, and `gates` `[points]` for an implementation that reads
+    them all at once, `stack_gates`) when they are whole ordinary tensors on the hidden states' device, else read
+    from its module when a point runs (sharded, offloaded: only then do their values exist; a gate is a `[1]`
+    parameter, which a point can take as it is). Implementations that score sources against every later point when
+    the sources are written read `queries`; None when not stacked."""
 
-    def __init__(self, points: list[RoutingPoint], like: torch.Tensor):
+    def __init__(self, points: list[RoutingPoint], like: torch.Tensor, stack_gates: bool):
         self.points, self.dtype = points, compute_dtype(like.dtype)
         self.gated = any(point.gate is not None for point in points)
-        self._set(stacked_queries(points, like), stacked_gates(points, like))
+        self._set(stacked_queries(points, like), stacked_gates(points, like) if stack_gates else None)
 
     def _set(self, queries: torch.Tensor | None, gates: torch.Tensor | None) -> None:
         # Rows made once: indexing costs a dispatched operation per point.

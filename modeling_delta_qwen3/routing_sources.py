@@ -75,11 +75,13 @@ class Sources(Protocol):
 @dataclass(frozen=True)
 class Implementation:
     """A routing implementation: how it makes a forward pass's `Sources`, why it cannot route hidden states like a
-    given tensor (None when it can), and, where it cannot route layers that gradient checkpointing recomputes, why."""
+    given tensor (None when it can), where it cannot route layers that gradient checkpointing recomputes, why, and
+    whether it reads the points' gates stacked (`PointTable.gates`) rather than each point its own."""
 
     sources: Callable[[torch.Tensor, SourcesPlan, "PointTable"], Sources]
     unavailable: Callable[[torch.Tensor], str | None] = lambda like: None
     not_recomputable: str | None = None
+    stacked_gates: bool = False
 
 
 class SourceList:

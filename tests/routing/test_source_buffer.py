@@ -32,7 +32,7 @@ def buffer_over(points: list, like: torch.Tensor, capacity: int, upfront: bool):
         if not upfront:
             patch.setattr(routing_points, "stacked_queries", lambda points, like: None)
             patch.setattr(routing_points, "stacked_gates", lambda points, like: None)
-        table = PointTable(points, like)
+        table = PointTable(points, like, stack_gates=True)
     plan = RoutingPlan("buffer", ROUTING_MODES["delta"], points, capacity, eps=1e-6, grad=torch.is_grad_enabled(),
                        compiling=False)
     return buffer_sources(like, plan, table), table
