@@ -1,5 +1,5 @@
-"""Triton kernels of `torch.ops.delta_qwen3.route` and its backward pass (`routing_op.py` has the signatures and
-the PyTorch code they are tested against).
+"""Triton kernels of `torch.ops.delta_qwen3.route`, `route_partial` and their backward passes (`routing_op.py` has
+the signatures and the PyTorch code they are tested against).
 
 One program routes one token: it holds the token's row of width D in registers and reads the sources' rows where
 they are, one after another (by stride, never stacked or copied), in their own dtype, computing in the dtype of
@@ -10,6 +10,11 @@ they are, one after another (by stride, never stacked or copied), in their own d
 - backward: one read of the sources for `c = sum_j alpha_j (x_j . G)`, a second for each source's gradient
   `gamma alpha_j G + dL/dl_j (r_j w - (x_j . w) r_j^3 x_j / D)` with `dL/dl_j = gamma alpha_j (x_j . G - c)`; the
   token's part of `dL/dw` and `dL/dgamma` are summed over tokens afterwards.
+- with a partial mixture (grouped reads): the online softmax starts from it, as a source whose logit is the
+  log-sum-exp of its logits; the backward pass adds it to `c` and returns its gradient and its logits'.
+- `route_partial`: the same online softmax for each point of a group at once, their queries and mixtures held as
+  rows of 2-D blocks `[group, D]`, so each source is read once for the group; its backward pass takes each
+  point's log-sum-exp from the logits it kept and writes each source's gradient in one read of the sources.
 
 The number of sources is a run-time argument: one compiled kernel serves every routing point (no recompiling and no
 autotuning per number of sources). Launch configuration, fixed: the row padded to a power of two, 4 warps up to
