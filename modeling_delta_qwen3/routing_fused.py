@@ -28,8 +28,9 @@ GROUP_OPERATIONS_BYTES = 2**29
 
 def group_size(hidden_size: int) -> int:
     """How many points read the sources together: the backward kernel of `route_partial` holds three rows of the
-    group per point in registers (`routing_triton.py`), which past 2048 columns leaves room for two."""
-    return 4 if hidden_size <= 2048 else 2
+    group per point in registers (`routing_triton.py`), which past 2048 columns leaves room for two and past 4096 for
+    none (1: no grouped reads; `tests/routing/kernels_for_gpu.py` counts the registers)."""
+    return 4 if hidden_size <= 2048 else 2 if hidden_size <= 4096 else 1
 
 
 class _AppendSource(torch.autograd.Function):

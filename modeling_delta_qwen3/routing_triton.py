@@ -18,7 +18,8 @@ they are, one after another (by stride, never stacked or copied), in their own d
 
 The number of sources is a run-time argument: one compiled kernel serves every routing point (no recompiling and no
 autotuning per number of sources). Launch configuration, fixed: the row padded to a power of two, 4 warps up to
-1024 columns and 8 above.
+1024 columns, 8 up to 4096 and 16 above, where 8 would spill the grouped backward pass's rows out of registers
+(`tests/routing/kernels_for_gpu.py` compiles every kernel for the GPUs and counts).
 """
 
 import torch
@@ -247,7 +248,7 @@ def _route_partial_backward(
 
 def _launch(hidden: int) -> dict:
     block = triton.next_power_of_2(hidden)
-    return dict(BLOCK=block, num_warps=4 if block <= 1024 else 8)
+    return dict(BLOCK=block, num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16)
 
 
 def _rows(x: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,10 +1,12 @@
-"""The `"fused"` routing implementation's registered operation, `torch.ops.delta_qwen3.route`: PyTorch's own checks
-of a custom operation (`torch.library.opcheck`: schema, fake tensors, autograd registration, `torch.compile`), and
-its Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`tests/routing/
+"""The `"fused"` routing implementation's registered operation, `torch.ops.delta_qwen3.route`: PyTorch's own checks of a
+custom operation (`torch.library.opcheck`: schema, fake tensors, autograd registration, `torch.compile`), and its
+Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`tests/routing/
 fused_kernel_on_cpu.py`, with `.venv-fla`, which holds the Triton that PyTorch 2.13's CUDA wheels pin) against the
-operation's PyTorch code, against the spec's formula, and through the model in every mode; a copy of the kernels
-with a deliberate mistake fails the same comparisons. Every other test of the model runs the operation's PyTorch
-code (`tests/routing/test_routing_implementations.py` compares it with the reference in every mode)."""
+operation's PyTorch code, against the spec's formula, and through the model in every mode; a copy of the kernels with
+a deliberate mistake fails the same comparisons. The kernels are also compiled for NVIDIA GPUs by Triton's own
+compiler (`tests/routing/kernels_for_gpu.py`): they compile, and their rows fit in registers. Every other test of the
+model runs the operation's PyTorch code (`tests/routing/test_routing_implementations.py` compares it with the
+reference in every mode)."""
 
 import json
 import os
@@ -21,6 +23,7 @@ from modeling_delta_qwen3 import routing_op
 from modeling_delta_qwen3.routing_reference import depth_mix
 
 KERNEL_SCRIPT = Path(__file__).with_name("fused_kernel_on_cpu.py")
+COMPILE_SCRIPT = Path(__file__).with_name("kernels_for_gpu.py")
 # Relative errors (largest absolute difference over the largest absolute expected value). float32: measured up to
 # 3e-6. bfloat16: the kernels and the PyTorch code round the same float32 result to bfloat16 apart by at most one
 # unit in the last place, 2^-7 of the largest value; gradients of `w` and the gate, kept in float32, to 3e-6.
@@ -113,14 +116,20 @@ def test_operation_reads_a_prefix_of_a_buffer_in_place_without_autograd():
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
-def run_kernel_script(*args: str) -> dict:
+def run_with_triton(script: Path, *args: str, interpret: bool = True):
+    """What `script` prints last, as JSON, run with `.venv-fla`'s Triton (by its interpreter when `interpret`)."""
     if not (FLA_PATH / ".installed").exists():
         pytest.skip("no .venv-fla: `make test` creates it")
-    env = isolated_env() | {"PYTHONPATH": f"{FLA_PATH}{os.pathsep}{REPO_ROOT}", "TRITON_INTERPRET": "1"}
-    completed = subprocess.run([sys.executable, str(KERNEL_SCRIPT), *args], cwd=REPO_ROOT, env=env,
+    env = isolated_env() | {"PYTHONPATH": f"{FLA_PATH}{os.pathsep}{REPO_ROOT}"}
+    env |= {"TRITON_INTERPRET": "1"} if interpret else {}
+    completed = subprocess.run([sys.executable, str(script), *args], cwd=REPO_ROOT, env=env,
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-5000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def run_kernel_script(*args: str) -> dict:
+    return run_with_triton(KERNEL_SCRIPT, *args)
 
 
 def op_failures(report: dict) -> list[str]:
@@ -151,3 +160,28 @@ def test_a_broken_kernel_of_grouped_reads_fails_their_comparisons_alone():
     for comparison in ("grouped_out_vs_torch", "grouped_out_vs_formula", "grouped_grad_sources_vs_formula"):
         assert f"float32 {comparison}" in failures, failures
     assert "float32 out_vs_torch" not in failures and "float32 grad_sources_vs_torch" not in failures
+
+
+def spilling(records: list[dict]) -> list[str]:
+    return [f"{r['kernel']} {r['arch']} {r['dtype']} hidden {r['hidden']}: {r['spill_stores']} bytes"
+            for r in records if r["spill_stores"] or r["spill_loads"]]
+
+
+@pytest.mark.slow
+def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers():
+    """Each kernel, with its launch configuration, for the A100 and the H100 at every hidden size of the Qwen3 family,
+    in both dtypes: compiled by Triton's compiler and `ptxas`, and nothing spilled to local memory."""
+    records = run_with_triton(COMPILE_SCRIPT, interpret=False)
+    assert len(records) == 5 * 2 * 6 * 2  # hidden sizes, dtypes, launches, architectures
+    assert {r["kernel"] for r in records} == {"_route_forward", "_route_backward", "_route_partial_forward",
+                                              "_route_partial_backward"}  # fmt: skip
+    assert all(0 < r["registers"] <= 255 for r in records)
+    assert not spilling(records)
+
+
+@pytest.mark.slow
+def test_groups_of_four_points_past_2048_columns_would_spill():
+    """Why `routing_fused.group_size` halves the groups past 2048 columns; and that the count above can fail."""
+    records = run_with_triton(COMPILE_SCRIPT, "--group-size", "4", "--hidden-sizes", "4096", "--architectures",
+                              "sm_90", interpret=False)  # fmt: skip
+    assert any("_route_partial_backward sm_90 bfloat16" in line for line in spilling(records)), records
