@@ -16,7 +16,7 @@ from .configuration_delta_qwen3 import DeltaQwen3Config
 from .routing_buffer import buffer_sources
 from .routing_compiled import CompiledSources
 from .routing_fla import FlaSources, fla_unavailable
-from .routing_fused import FusedSources
+from .routing_fused import FusedSources, routes_with_kernels
 from .routing_modes import ROUTING_MODES, DepthState, RoutingMode
 from .routing_points import PointTable, RoutingPoint
 from .routing_reference import ReferenceSources
@@ -66,13 +66,19 @@ class RoutingPlan:
 
 def resolve_implementation(requested: str | None, h0: torch.Tensor, checkpointing: bool = False) -> str:
     """The implementation that routes hidden states like `h0`, in layers that gradient checkpointing recomputes or
-    not: `requested` when it can, else a `ValueError` that says why; by default the buffer, or the compiled one under
-    `torch.compile` and gradient checkpointing. fla's kernel only when asked for: on a GPU it measured slower than the
+    not: `requested` when it can, else a `ValueError` that says why. By default: the compiled one in layers that
+    gradient checkpointing recomputes (the others write their sources in place); the fused operation where it runs
+    Triton kernels (an NVIDIA GPU with Triton: one kernel per point, eager or compiled); elsewhere the buffer, or
+    the compiled one under `torch.compile`. fla's kernel only when asked for: on a GPU it measured slower than the
     buffer and autotunes for every new number of sources. Checked here too: `from_pretrained` sets the field after
     the model's own check."""
     check_routing_implementation(requested)
     if requested is None:
-        return "compiled" if torch.compiler.is_compiling() or checkpointing else "buffer"
+        if checkpointing:
+            return "compiled"
+        if routes_with_kernels(h0):
+            return "fused"
+        return "compiled" if torch.compiler.is_compiling() else "buffer"
     implementation = IMPLEMENTATIONS[requested]
     if (reason := implementation.unavailable(h0)) is not None:
         raise ValueError(f"routing_implementation={requested!r} cannot route this forward pass: {reason}")

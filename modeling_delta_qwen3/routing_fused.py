@@ -18,12 +18,18 @@ import copy
 
 import torch
 
-from .routing_op import PartialFunction, RouteFunction, route
+from .routing_op import PartialFunction, RouteFunction, has_kernels, route
 from .routing_sources import buffer_slots
 
 
 # A dozen operations at a few microseconds each, on a GPU that moves several terabytes per second.
 GROUP_OPERATIONS_BYTES = 2**29
+
+
+def routes_with_kernels(like: torch.Tensor) -> bool:
+    """Whether the operation runs Triton kernels on hidden states like `like`: on an NVIDIA GPU with Triton
+    installed (they are compiled and checked for the T4, A100 and H100: `tests/routing/kernels_for_gpu.py`)."""
+    return like.is_cuda and torch.version.hip is None and has_kernels()
 
 
 def group_size(hidden_size: int) -> int:

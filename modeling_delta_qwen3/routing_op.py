@@ -45,6 +45,11 @@ except ImportError:  # Triton is not installed
     routing_triton = None
 
 
+def has_kernels() -> bool:
+    """Whether the operations have Triton kernels for CUDA (Triton is installed)."""
+    return routing_triton is not None
+
+
 def _read(
     sources: torch.Tensor, start: int, count: int, own_source: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:

@@ -31,7 +31,7 @@ from triton.runtime.jit import create_function_from_signature
 
 from modeling_delta_qwen3 import routing_fused, routing_triton
 
-ARCHITECTURES = {"sm_80": 80, "sm_90": 90}  # A100; H100 and H200
+ARCHITECTURES = {"sm_75": 75, "sm_80": 80, "sm_90": 90}  # T4; A100; H100 and H200
 HIDDEN_SIZES = (1024, 2048, 2560, 4096, 5120)  # Qwen3 0.6B, 1.7B, 4B, 8B, 14B and 32B
 TOKENS = 16
 KERNELS = ("_route_forward", "_route_backward", "_route_partial_forward", "_route_partial_backward")

@@ -18,8 +18,9 @@ import pytest
 import torch
 from helpers.paths import FLA_PATH, REPO_ROOT
 from helpers.running import isolated_env
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from modeling_delta_qwen3 import routing_op
+from modeling_delta_qwen3 import routing, routing_op
 from modeling_delta_qwen3.routing_reference import depth_mix
 
 KERNEL_SCRIPT = Path(__file__).with_name("fused_kernel_on_cpu.py")
@@ -169,10 +170,10 @@ def spilling(records: list[dict]) -> list[str]:
 
 @pytest.mark.slow
 def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers():
-    """Each kernel, with its launch configuration, for the A100 and the H100 at every hidden size of the Qwen3 family,
+    """Each kernel, with its launch configuration, for the T4, A100 and H100 at every hidden size of the Qwen3 family,
     in both dtypes: compiled by Triton's compiler and `ptxas`, and nothing spilled to local memory."""
     records = run_with_triton(COMPILE_SCRIPT, interpret=False)
-    assert len(records) == 5 * 2 * 6 * 2  # hidden sizes, dtypes, launches, architectures
+    assert len(records) == 5 * 2 * 6 * 3  # hidden sizes, dtypes, launches, architectures
     assert {r["kernel"] for r in records} == {"_route_forward", "_route_backward", "_route_partial_forward",
                                               "_route_partial_backward"}  # fmt: skip
     assert all(0 < r["registers"] <= 255 for r in records)
@@ -185,3 +186,22 @@ def test_groups_of_four_points_past_2048_columns_would_spill():
     records = run_with_triton(COMPILE_SCRIPT, "--group-size", "4", "--hidden-sizes", "4096", "--architectures",
                               "sm_90", interpret=False)  # fmt: skip
     assert any("_route_partial_backward sm_90 bfloat16" in line for line in spilling(records)), records
+
+
+def test_the_fused_operation_routes_by_default_where_it_runs_triton_kernels(monkeypatch):
+    """On an NVIDIA GPU with Triton installed (hidden states on CUDA made by fake tensors, which need no GPU): the
+    fused operation, eager or compiled, except in layers that gradient checkpointing recomputes; without Triton, or
+    on the CPU, the defaults stay."""
+    with FakeTensorMode():
+        on_gpu = torch.empty(2, 3, 8, device="cuda")
+    monkeypatch.setattr(routing_op, "routing_triton", object())  # as if Triton were installed
+    assert routing.resolve_implementation(None, on_gpu) == "fused"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert routing.resolve_implementation(None, on_gpu) == "fused"
+    assert routing.resolve_implementation(None, on_gpu, checkpointing=True) == "compiled"
+    assert routing.resolve_implementation(None, torch.zeros(1)) == "compiled"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    assert routing.resolve_implementation(None, torch.zeros(1)) == "buffer"
+    assert routing.resolve_implementation("buffer", on_gpu) == "buffer"
+    monkeypatch.setattr(routing_op, "routing_triton", None)
+    assert routing.resolve_implementation(None, on_gpu) == "buffer"
