@@ -6,7 +6,8 @@ Six figures, each as a ratio to Qwen3 measured in the same process:
   what bounds a step's time where each operation's dispatch costs more than its work (small shapes on a GPU);
 - the bytes those operations read and write per token, forward and backward, at the 0.6B model's width and depth
   (`traffic`, counted operation by operation): what bounds a step's time where the work is large (long batches on a
-  GPU), and, less Qwen3's, what the routing itself moves;
+  GPU), and, less Qwen3's, what the routing itself moves; beside them, on the meta device too, the saved activations
+  at that shape, attention keeping what a GPU's keeps;
 - training-step tokens/s (forward + backward + AdamW, fused on CUDA);
 - the same with both models under `torch.compile(fullgraph=True)`, and the seconds of each one's first step (its
   compilation);
@@ -46,7 +47,8 @@ from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+from transformers import AttentionInterface, DynamicCache, Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3.modeling_qwen3 import repeat_kv
 
 from delta_qwen3.jsonl import json_text
 from finetune.presets import preset_fields
@@ -79,10 +81,9 @@ SMALL = dict(
     max_position_embeddings=4096,
 )
 QWEN3_06B = {**preset_fields("qwen3-0.6b"), "vocab_size": 151936}
-# The traffic figure's shape: the 0.6B model's width and depth (its vocabulary would only add the same bytes to both),
-# at the GPU check's two training batches (routing_fused.py reads the sources once per group of points only in long
-# batches).
-TRAFFIC_SHAPE = {**QWEN3_06B, "vocab_size": SMALL["vocab_size"]}
+# The traffic figure's shape: the 0.6B model's, at the GPU check's two training batches (routing_fused.py reads the
+# sources once per group of points only in long batches).
+TRAFFIC_SHAPE = QWEN3_06B
 TRAFFIC_BATCHES = {"4x512": (4, 512), "8x4096": (8, 4096)}
 DECODE_SHAPES = {"qwen3-0.6b": QWEN3_06B, "small": {**SMALL, "num_hidden_layers": 12}}
 
@@ -143,14 +144,16 @@ def keep_freed_memory() -> bool:
 
 
 def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for backward in one training forward, parameters excluded."""
-    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    """Bytes of the distinct storages autograd saves for backward in one training forward, parameters excluded.
+    Storages are told apart by their own identity (`_cdata`), not their address: on the meta device every address
+    is 0."""
+    parameter_storages = {p.untyped_storage()._cdata for p in model.parameters()}
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameter_storages:
-            storages[storage.data_ptr()] = storage.nbytes()
+        if storage._cdata not in parameter_storages:
+            storages[storage._cdata] = storage.nbytes()
         # Detached: a node that saves its own output would otherwise hold itself through the returned tensor, a
         # cycle that keeps the whole graph alive after the forward pass (gigabytes over the benchmark's runs).
         return tensor.detach()
@@ -426,18 +429,35 @@ def measure_operations(settings: Settings) -> dict:
     return results
 
 
+def _attention_saving_as_on_a_gpu(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Causal attention through PyTorch's memory-efficient kernel, whose backward pass keeps the output and its
+    log-sum-exp as flash attention's does on a GPU, rather than the scores that attention on the CPU and the meta
+    device keeps (`--figures traffic`'s saved activations: the same in both models, but the largest part of
+    Qwen3's on the meta device otherwise)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, None, compute_log_sumexp=True, is_causal=True, scale=scaling
+    )[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register("saving_as_on_a_gpu", _attention_saving_as_on_a_gpu)
+
+
 def measure_traffic(settings: Settings) -> dict:
     """Bytes read and written per token by a training forward pass and by its backward pass at
     `settings.traffic_shape`, for each variant and each batch of `TRAFFIC_BATCHES`, and each variant's excess over
     Qwen3's: what its routing moves. Counted on the meta device, which computes nothing, so any batch costs a
     second or so (the ratios, unlike the excess, depend on the number of tokens: the weights' bytes are shared by
-    all of them)."""
+    all of them). Beside them, the saved activations' ratio to Qwen3's at that batch, attention keeping what a GPU's
+    keeps."""
     shape = settings.traffic_shape
     results = {"hidden_size": shape["hidden_size"], "layers": shape["num_hidden_layers"]}
     for batch_name, (batch, seq) in TRAFFIC_BATCHES.items():
         tokens = batch * seq
         ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-        moved = {"forward": {}, "backward": {}}
+        moved, saved = {"forward": {}, "backward": {}}, {}
         for label, mode, gated in settings.variants:
             with torch.device("meta"):
                 model = build(shape, mode, gated, replace(settings, device="meta")).train()
@@ -447,12 +467,15 @@ def measure_traffic(settings: Settings) -> dict:
                 loss.backward()
             for name, counter in (("forward", forward), ("backward", backward)):
                 moved[name][label] = {"read": counter.read / tokens, "written": counter.written / tokens}
+            model.config._attn_implementation = "saving_as_on_a_gpu"
+            saved[label] = saved_activation_bytes(model, ids)
         for by_variant in moved.values():
             qwen3_total = by_variant["qwen3"]["read"] + by_variant["qwen3"]["written"]
             for counted in by_variant.values():
                 total = counted["read"] + counted["written"]
                 counted |= {"ratio": total / qwen3_total, "routing_bytes": total - qwen3_total}
-        results[batch_name] = moved
+        saved_ratios = {label: size / saved["qwen3"] for label, size in saved.items()}
+        results[batch_name] = moved | {"saved_activations": saved_ratios}
     return results
 
 
@@ -531,6 +554,7 @@ def format_table(results: dict, labels: list[str]) -> str:
         for step in ("forward", "backward"):
             moved = results["traffic"][batch][step].items()
             columns.append((f"{batch} {step} MB/token", {k: v["routing_bytes"] / 1e6 for k, v in moved}))
+        columns.append((f"{batch} saved", results["traffic"][batch]["saved_activations"]))
     titles = {"training": "train tok/s", "compiled_training": "compiled train tok/s", "decoding": "decode tok/s"}
     columns += [(title, results[figure]) for figure, title in titles.items() if figure in results]
     header = ["variant"] + [title for title, _ in columns]

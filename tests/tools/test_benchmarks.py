@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,9 +16,11 @@ from benchmarks.routing_overhead import (
     VARIANTS,
     Settings,
     _Traffic,
+    build,
     dispatched_operations,
     measure_operations,
     measure_traffic,
+    saved_activation_bytes,
 )
 from modeling_delta_qwen3 import routing_fused
 from modeling_delta_qwen3.routing_op import route, route_backward
@@ -213,6 +216,25 @@ def test_traffic_figure_is_routings_excess_over_qwen3_and_the_fused_operation_mo
         grouped, alone = (traffic["8x4096"][step]["delta"]["routing_bytes"] for traffic in (fused, per_point))
         assert grouped < 0.9 * alone, (step, grouped, alone)
     assert per_point["4x512"] == fused["4x512"]  # too short a batch to group at 12 layers
+    # Groups keep their partial mixtures for the backward pass: memory is what grouping costs.
+    saved = {name: result["8x4096"]["saved_activations"] for name, result in (("grouped", fused), ("alone", per_point))}
+    assert saved["grouped"]["qwen3"] == saved["alone"]["qwen3"] == 1.0
+    assert saved["grouped"]["delta"] > saved["alone"]["delta"] > 1.0
+
+
+def test_saved_activations_are_counted_on_the_meta_device_as_on_the_cpu():
+    """Storages told apart by identity, not by address, which the meta device does not have."""
+    settings = Settings(device="cpu", dtype=torch.float32, batch=1, seq=16, depths=[2], train_layers=2,
+                        training_pairs=1, decode_shape={}, prompt=8, new_tokens=1, decode_runs=1,
+                        keep_freed_memory=False, routing_implementation="fused")  # fmt: skip
+    shape = {**SMALL, "num_hidden_layers": 3}
+    sizes = {}
+    for device in ("cpu", "meta"):
+        with torch.device(device):
+            model = build(shape, "delta", True, replace(settings, device=device))
+        model.config._attn_implementation = "eager"  # sdpa keeps other tensors on the CPU than on the meta device
+        sizes[device] = saved_activation_bytes(model, torch.zeros(2, 16, dtype=torch.long, device=device))
+    assert sizes["cpu"] == sizes["meta"] > 0
 
 
 def test_routing_overhead_routes_with_the_implementation_asked_for(tmp_path):
