@@ -26,7 +26,15 @@ from finetune.presets import PRESETS
 from modeling_delta_qwen3.routing_modes import BLOCK_MODES
 
 from .grid import expand_grid
-from .report import format_band_table, format_table, paired_comparisons, summarise, write_pictures
+from .report import (
+    early_loss,
+    format_band_table,
+    format_seed_table,
+    format_table,
+    paired_comparisons,
+    summarise,
+    write_pictures,
+)
 from .runs import StudySettings, finished_result, has_work, run_all
 
 RESULTS_NAME = "results.json"
@@ -145,6 +153,9 @@ def run_study(args: argparse.Namespace) -> int:
             results = run_all(runs, settings)
     summary, paired = summarise(results), paired_comparisons(results)
     print(format_table(summary, paired))
+    early_step = early_loss(results[0]["val_loss_curve"])[0]
+    print(f"validation perplexity per seed (validation loss at step {early_step}: the early plateau)")
+    print(format_seed_table(results))
     print(format_band_table(summary))
     with reporting_write_failure("--out", args.out):
         write_json(args.out / RESULTS_NAME, {"finetune_options": shared, "preset": args.preset, "groups": summary,

@@ -112,8 +112,12 @@ def _versus(paired: dict[str, dict], group: str, against: str) -> str:
     return f"{100 * pair['mean']:+.1f} %{interval} ({pair['below']}/{pair['pairs']} below)"
 
 
+def _order(entry: dict) -> tuple:
+    return entry["layers"], entry["mode"], entry["num_blocks"] or 0
+
+
 def _in_order(summary: dict[str, dict]) -> list[tuple[str, dict]]:
-    return sorted(summary.items(), key=lambda e: (e[1]["layers"], e[1]["mode"], e[1]["num_blocks"] or 0))
+    return sorted(summary.items(), key=lambda e: _order(e[1]))
 
 
 def _columns(rows: list[list[str]]) -> str:
@@ -133,6 +137,30 @@ def format_table(summary: dict[str, dict], paired: dict[str, dict]) -> str:
                      _versus(paired, group, "baseline"), _versus(paired, group, COUNTERPARTS.get(entry["mode"], "")),
                      "-" if sharp is None else f"{sharp['mean']:.3f} ± {sharp['std']:.3f}",
                      f"{entry['tokens_per_s']['mean']:.0f}"])  # fmt: skip
+    return _columns(rows)
+
+
+def early_loss(curve: list[list[float]]) -> tuple[int, float]:
+    """The validation loss evaluated nearest a tenth of the run (step 0 aside), and its step: how long the run stayed
+    on the loss plateau that training starts on, which a seed's perplexity at the end can still show."""
+    step, loss = min(curve[1:] or curve, key=lambda point: abs(point[0] - curve[-1][0] / 10))
+    return int(step), loss
+
+
+def format_seed_table(results: list[dict]) -> str:
+    """One row per group and one column per seed: the final validation perplexity, and in brackets the validation
+    loss a tenth of the way through (`early_loss`)."""
+    seeds = sorted({r["seed"] for r in results})
+    by_group: dict[str, dict] = {}
+    for result in results:
+        by_group.setdefault(result["group"], {"entry": result})[result["seed"]] = result
+    rows = [["mode", "layers"] + [f"seed {seed}" for seed in seeds]]
+    for group, members in sorted(by_group.items(), key=lambda e: _order(e[1]["entry"])):
+        cells = []
+        for seed in seeds:
+            run = members.get(seed)
+            cells.append("-" if run is None else f"{run['val_ppl']:.1f} ({early_loss(run['val_loss_curve'])[1]:.2f})")
+        rows.append([_label(members["entry"]), str(members["entry"]["layers"])] + cells)
     return _columns(rows)
 
 

@@ -20,7 +20,15 @@ from finetune.model import build_model_config
 from study import debian_docs, python_docs
 from study.cli import _shared_finetune_args, check_same_study, study_record
 from study.grid import Run, expand_grid
-from study.report import format_band_table, format_table, mean_interval_95, paired_comparisons, summarise
+from study.report import (
+    early_loss,
+    format_band_table,
+    format_seed_table,
+    format_table,
+    mean_interval_95,
+    paired_comparisons,
+    summarise,
+)
 from study.runs import StudySettings, finetune_command
 
 
@@ -101,6 +109,19 @@ def test_the_sharpness_per_depth_band_is_summarised_over_seeds():
     row = format_band_table(summarise([result(0, 0.4)])).splitlines()[1]
     assert [cell.strip() for cell in row.split(" | ")[2:]] == [
         "0.500 / 0.250 / 0.100", "0.500 / 0.250 / 0.100", "0.400 / 0.500 / 0.300"]
+
+
+def test_each_seeds_perplexity_is_shown_with_its_loss_a_tenth_of_the_way_through():
+    curve = [[0, 8.3], [100, 6.6], [200, 6.1], [300, 5.6], [2000, 4.0]]
+    assert early_loss(curve) == (200, 6.1)
+    assert early_loss([[0, 8.3], [25, 7.0]]) == (25, 7.0)  # the evaluation nearest, whatever the budget
+    runs = [{"mode": "baseline", "num_blocks": None, "layers": 16, "seed": seed, "group": "baseline-L16",
+             "val_ppl": ppl, "val_loss_curve": curve} for seed, ppl in ((0, 52.45), (3, 80.5))]  # fmt: skip
+    runs.append({**runs[0], "mode": "delta", "group": "delta-L16", "val_ppl": 51.0})
+    rows = format_seed_table(runs).splitlines()
+    assert [cell.strip() for cell in rows[0].split(" | ")] == ["mode", "layers", "seed 0", "seed 3"]
+    assert [cell.strip() for cell in rows[1].split(" | ")] == ["baseline", "16", "52.5 (6.10)", "80.5 (6.10)"]
+    assert [cell.strip() for cell in rows[2].split(" | ")] == ["delta", "16", "51.0 (6.10)", "-"]
 
 
 @pytest.mark.parametrize("mode", ["delta", "attnres_full"])
