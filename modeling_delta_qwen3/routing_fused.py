@@ -125,7 +125,10 @@ class FusedSources:
         reads saved must exceed what the group adds, a partial mixture in the compute dtype written and read per
         point, and the dozen operations more that it dispatches, which cost a GPU about the time it takes to move
         `GROUP_OPERATIONS_BYTES`. Long batches (many tokens) with many sources get there; a decoding step, short
-        batches and the block modes' few sources do not."""
+        batches and the block modes' few sources do not. Never where the points' queries are known only as each
+        point runs (sharded by FSDP, offloaded): a group needs its later points' queries when its first runs."""
+        if self.table.queries is None:
+            return False
         slot_numel = self.slots[0].numel()
         saved = (self.group_size - 1) * self.count * slot_numel * self.buffer.element_size()
         added = 2 * self.group_size * slot_numel * self.table.dtype.itemsize + GROUP_OPERATIONS_BYTES
@@ -134,10 +137,7 @@ class FusedSources:
     def _start_group(self, first: int) -> _Group:
         """The group whose first point is `first`: the sources so far, read for all its points at once."""
         last = min(first + self.group_size, self.point_count)
-        if self.table.queries is not None:
-            w_group = self.table.queries[first:last]
-        else:  # parameters known only as each point runs (sharded, offloaded): each resolved now
-            w_group = torch.stack([self.table.resolve(index).w for index in range(first, last)])
+        w_group = self.table.queries[first:last]
         return _Group(first, self.count, PartialFunction.apply(self.prefix, self.count, w_group, self.eps))
 
     def to(self, *args, **kwargs) -> "FusedSources":
