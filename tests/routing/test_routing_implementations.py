@@ -110,6 +110,25 @@ def test_implementations_match_reference_forward_and_backward(monkeypatch, mode,
         assert_all_close(got, want, tolerance(mode, dtype))
 
 
+@pytest.mark.parametrize("mode,gated", VARIANTS)
+def test_fused_routing_moved_between_layers_trains_as_unmoved(monkeypatch, mode, gated):
+    """The fused operation's depth state moved before every layer, as accelerate's device hooks move it (here a
+    forced copy on the same device), in groups of points: the buffer, the prefixes gradients flow through, the
+    sources appended since a group started and the group's partial mixtures move with it, and training computes
+    what it does unmoved."""
+    model = random_model(mode, gated).train().double()
+    model.set_routing_implementation("fused")
+    monkeypatch.setattr(routing_fused, "GROUP_OPERATIONS_BYTES", -(2**62))
+    unmoved = run(model, token_ids())
+
+    def move(module, args, kwargs):
+        return (args[0].to("cpu", copy=True), *args[1:]), kwargs
+
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(move, with_kwargs=True)
+    assert_all_close(run(model, token_ids()), unmoved, 1e-12)
+
+
 def runnable_here() -> list[str]:
     """Every implementation but the reference that can route on this machine's CPU."""
     return [name for name, implementation in routing.IMPLEMENTATIONS.items()
