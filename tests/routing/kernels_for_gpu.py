@@ -1,8 +1,8 @@
 """The Triton kernels of `torch.ops.delta_qwen3.route` (`modeling_delta_qwen3/routing_triton.py`) compiled for NVIDIA
-GPUs without one: Triton's own compiler and the `ptxas` that its wheel ships turn each kernel into machine code for
-a GPU architecture, as a first launch on that GPU would, and `ptxas -v` reports the registers each thread uses and
-the bytes it spills to local memory. What Triton's interpreter (`fused_kernel_on_cpu.py`) cannot see: that a
-kernel compiles at all, and that its rows fit in registers at every hidden size of the Qwen3 family.
+GPUs without one: Triton's own compiler and the `ptxas` that its wheel ships turn each kernel into machine code for a
+GPU architecture in the dtypes it runs, as a first launch on that GPU would, and `ptxas -v` reports the registers
+each thread uses and the bytes it spills to local memory. What Triton's interpreter (`fused_kernel_on_cpu.py`) cannot
+see: that a kernel compiles at all, and that its rows fit in registers at every hidden size of the Qwen3 family.
 
 Each kernel is compiled from a launch of the wrappers in `routing_triton.py` on CPU tensors (the kernels swapped for
 recorders), so the arguments, the launch configuration and Triton's specialisation of them are those of a real
@@ -32,6 +32,9 @@ from triton.runtime.jit import create_function_from_signature
 from modeling_delta_qwen3 import routing_fused, routing_triton
 
 ARCHITECTURES = {"sm_75": 75, "sm_80": 80, "sm_90": 90}  # T4; A100; H100 and H200
+# The dtypes of the hidden states each runs: the T4 has no bfloat16, and runs models in float16.
+DTYPES = {"sm_75": (torch.float16, torch.float32), "sm_80": (torch.bfloat16, torch.float32),
+          "sm_90": (torch.bfloat16, torch.float32)}  # fmt: skip
 HIDDEN_SIZES = (1024, 2048, 2560, 4096, 5120)  # Qwen3 0.6B, 1.7B, 4B, 8B, 14B and 32B
 TOKENS = 16
 KERNELS = ("_route_forward", "_route_backward", "_route_partial_forward", "_route_partial_backward")
@@ -115,9 +118,9 @@ def main() -> None:
     records = []
     for hidden in args.hidden_sizes:
         group = args.group_size or routing_fused.group_size(hidden)
-        for dtype in (torch.bfloat16, torch.float32):
-            for name, launch_args, kwargs in launches(hidden, dtype, group):
-                for arch in args.architectures:
+        for arch in args.architectures:
+            for dtype in DTYPES[arch]:
+                for name, launch_args, kwargs in launches(hidden, dtype, group):
                     record = compile_launch(name, launch_args, kwargs, arch)
                     records.append(dict(hidden=hidden, dtype=str(dtype).removeprefix("torch."), **record))
                     print(json.dumps(records[-1]), file=sys.stderr)

@@ -170,8 +170,9 @@ def spilling(records: list[dict]) -> list[str]:
 
 @pytest.mark.slow
 def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers():
-    """Each kernel, with its launch configuration, for the T4, A100 and H100 at every hidden size of the Qwen3 family,
-    in both dtypes: compiled by Triton's compiler and `ptxas`, and nothing spilled to local memory."""
+    """Each kernel, with its launch configuration, for the T4 (float16, float32), A100 and H100 (bfloat16, float32)
+    at every hidden size of the Qwen3 family: compiled by Triton's compiler and `ptxas`, nothing spilled to local
+    memory."""
     records = run_with_triton(COMPILE_SCRIPT, interpret=False)
     assert len(records) == 5 * 2 * 6 * 3  # hidden sizes, dtypes, launches, architectures
     assert {r["kernel"] for r in records} == {"_route_forward", "_route_backward", "_route_partial_forward",
