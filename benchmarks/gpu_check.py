@@ -422,8 +422,9 @@ def check_compile(profile: Profile, section: SectionRecord) -> None:
 
 # --- performance --------------------------------------------------------------------------------------------------
 
-# The routing implementations timed in eager mode: today's default, and one registered operation per routing point.
-# Under torch.compile `buffer` cannot be traced whole (it routes between graphs), so the compiled parts time `fused`.
+# The routing implementations timed in eager mode: the GPU's default, one registered operation per routing point, and
+# the buffer that routed by default before it. Under torch.compile `buffer` cannot be traced whole (it routes between
+# graphs), so the compiled parts time `fused`.
 EAGER_IMPLEMENTATIONS = ("buffer", "fused")
 COMPILED_IMPLEMENTATIONS = ("fused",)
 # Goals on one H200 as ratios to Qwen3, per variant, and whether a figure meets its goal at least or at most there:
