@@ -222,7 +222,8 @@ def plot_sharpness_by_band(summary: dict[str, dict], path: Path) -> Path:
         for axis, band in zip(row, DEPTH_BANDS):
             _draw_against_depth(axis, summary, lambda entry: entry.get("bands", {}).get(band, {}).get(name), ylabel)
             axis.set_title(f"{band} routing points", fontsize=10)
-    axes[0][-1].legend(fontsize=8)
+    if axes[0][-1].get_legend_handles_labels()[0]:  # none where no group routes (baselines only)
+        axes[0][-1].legend(fontsize=8)
     return _save(figure, path)
 
 
@@ -270,7 +271,8 @@ def plot_loss_curves(results: list[dict], path: Path) -> Path:
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation loss")
-    axes[0][-1].legend(fontsize=8)
+    if axes[0][-1].get_legend_handles_labels()[0]:  # none where no group routes (baselines only)
+        axes[0][-1].legend(fontsize=8)
     return _save(figure, path)
 
 
