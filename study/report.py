@@ -151,16 +151,17 @@ def format_seed_table(results: list[dict]) -> str:
     """One row per group and one column per seed: the final validation perplexity, and in brackets the validation
     loss a tenth of the way through (`early_loss`)."""
     seeds = sorted({r["seed"] for r in results})
-    by_group: dict[str, dict] = {}
+    by_group: dict[str, dict[int, dict]] = {}
     for result in results:
-        by_group.setdefault(result["group"], {"entry": result})[result["seed"]] = result
+        by_group.setdefault(result["group"], {})[result["seed"]] = result
+
+    def cell(run: dict | None) -> str:
+        return "-" if run is None else f"{run['val_ppl']:.1f} ({early_loss(run['val_loss_curve'])[1]:.2f})"
+
     rows = [["mode", "layers"] + [f"seed {seed}" for seed in seeds]]
-    for group, members in sorted(by_group.items(), key=lambda e: _order(e[1]["entry"])):
-        cells = []
-        for seed in seeds:
-            run = members.get(seed)
-            cells.append("-" if run is None else f"{run['val_ppl']:.1f} ({early_loss(run['val_loss_curve'])[1]:.2f})")
-        rows.append([_label(members["entry"]), str(members["entry"]["layers"])] + cells)
+    for members in sorted(by_group.values(), key=lambda members: _order(next(iter(members.values())))):
+        first = next(iter(members.values()))
+        rows.append([_label(first), str(first["layers"])] + [cell(members.get(seed)) for seed in seeds])
     return _columns(rows)
 
 
