@@ -17,9 +17,10 @@ they are, one after another (by stride, never stacked or copied), in their own d
   point's log-sum-exp from the logits it kept and writes each source's gradient in one read of the sources.
 
 The number of sources is a run-time argument: one compiled kernel serves every routing point (no recompiling and no
-autotuning per number of sources). Launch configuration, fixed: the row padded to a power of two, 4 warps up to
-1024 columns, 8 up to 4096 and 16 above, where 8 would spill the grouped backward pass's rows out of registers
-(`tests/routing/kernels_for_gpu.py` compiles every kernel for the GPUs and counts).
+autotuning per number of sources). Launch configuration, fixed: the row padded to a power of two, and warps by
+the elements a program holds (a row, or a group's rows): 4 up to 1024, 8 up to 4096 and 16 above, so that no
+kernel's rows spill out of registers (`tests/routing/kernels_for_gpu.py` compiles every kernel for the GPUs, with
+the Tritons of PyTorch 2.13 and of the newest supported PyTorch, and counts).
 """
 
 import torch
@@ -246,9 +247,14 @@ def _route_partial_backward(
     tl.store(grad_w_rows + token_rows, grad_w, mask=mask_2d)
 
 
-def _launch(hidden: int) -> dict:
-    block = triton.next_power_of_2(hidden)
-    return dict(BLOCK=block, num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16)
+def _launch(hidden: int, group: int | None = None) -> dict:
+    """The row padded to a power of two (and the group's rows, for grouped reads), and warps by how many elements a
+    program holds, so that each thread holds as many whether the program holds one row or a group's."""
+    shape = dict(BLOCK=triton.next_power_of_2(hidden))
+    if group is not None:
+        shape["GROUP"] = triton.next_power_of_2(group)
+    held = shape["BLOCK"] * shape.get("GROUP", 1)
+    return dict(shape, num_warps=4 if held <= 1024 else 8 if held <= 4096 else 16)
 
 
 def _rows(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -313,7 +319,7 @@ def route_partial(sources, count, w_group, eps):
     group_logits = w_group.new_empty(group, *tokens_shape, count)
     _route_partial_forward[(tokens_shape.numel(),)](
         read, read.stride(0), count, w_group.contiguous(), group, tokens_shape.numel(), mix, group_logits, hidden,
-        eps, GROUP=triton.next_power_of_2(group), **_launch(hidden),
+        eps, **_launch(hidden, group),
     )
     return mix, group_logits
 
@@ -327,6 +333,6 @@ def route_partial_backward(grad_mix, grad_logits, sources, count, w_group, mix, 
     _route_partial_backward[(tokens,)](
         grad_mix.contiguous(), grad_logits.contiguous(), read, read.stride(0), count, w_group.contiguous(), group,
         tokens, mix.contiguous(), group_logits.contiguous(), hidden, eps, grad_sources, grad_sources.stride(0),
-        grad_w_rows, GROUP=triton.next_power_of_2(group), **_launch(hidden),
+        grad_w_rows, **_launch(hidden, group),
     )
     return grad_sources, grad_w_rows.sum(1)

@@ -1,13 +1,14 @@
 """The Triton kernels of `torch.ops.delta_qwen3.route` (`modeling_delta_qwen3/routing_triton.py`) compiled for NVIDIA
 GPUs without one: Triton's own compiler and the `ptxas` that its wheel ships turn each kernel into machine code for a
-GPU architecture in the dtypes it runs, as a first launch on that GPU would, and `ptxas -v` reports the registers
-each thread uses and the bytes it spills to local memory. What Triton's interpreter (`fused_kernel_on_cpu.py`) cannot
-see: that a kernel compiles at all, and that its rows fit in registers at every hidden size of the Qwen3 family.
+GPU architecture in the dtypes it runs, as a first launch on that GPU would (Triton's own `ptxas` command, options
+and all), and `ptxas -v` reports the registers each thread uses and the bytes it spills to local memory. What
+Triton's interpreter (`fused_kernel_on_cpu.py`) cannot see: that a kernel compiles at all, and that its rows fit in
+registers at every hidden size of the Qwen3 family.
 
 Each kernel is compiled from a launch of the wrappers in `routing_triton.py` on CPU tensors (the kernels swapped for
 recorders), so the arguments, the launch configuration and Triton's specialisation of them are those of a real
-launch. Run in a fresh interpreter with `.venv-fla` (the Triton that PyTorch 2.13's CUDA wheels pin) on PYTHONPATH
-by `tests/routing/test_fused_kernel.py`; prints one JSON line: a record per compiled kernel. Triton's binder and
+launch. Run in a fresh interpreter with an environment holding Triton on PYTHONPATH by
+`tests/routing/test_fused_kernel.py`; prints one JSON line: a record per compiled kernel. Triton's binder and
 argument packing are private and may move between releases: they are what a launch calls, which is the point.
 
 `--group-size G` compiles grouped reads in groups of G rather than `routing_fused.group_size`'s, to show that the
@@ -15,17 +16,16 @@ register figures can fail: four points past 2048 columns spill, which is why gro
 """
 
 import argparse
+import contextlib
+import io
 import json
 import re
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
@@ -76,15 +76,8 @@ def launches(hidden: int, dtype: torch.dtype, group: int) -> list[tuple[str, tup
     return recorded
 
 
-def registers(ptx: str, arch: str) -> dict:
-    """What `ptxas -v` says a thread of the kernel in `ptx` uses: registers, and bytes spilled (stores, loads)."""
-    ptxas = get_ptxas(ARCHITECTURES[arch]).path
-    target = re.search(r"\.target (sm_\w+)", ptx).group(1)  # sm_90a where Triton uses Hopper's own instructions
-    with tempfile.TemporaryDirectory() as directory:
-        source = Path(directory, "kernel.ptx")
-        source.write_text(ptx)
-        log = subprocess.run([ptxas, "-v", f"--gpu-name={target}", str(source), "-o", str(source.with_suffix(".o"))],
-                             capture_output=True, text=True, check=True).stderr  # fmt: skip
+def ptxas_report(log: str) -> dict:
+    """What `ptxas -v` said of the kernel when Triton assembled it: registers per thread, bytes spilled."""
     used = int(re.search(r"Used (\d+) registers", log).group(1))
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     return dict(registers=used, spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)))
@@ -98,15 +91,31 @@ def compile_launch(name: str, args: tuple, kwargs: dict, arch: str) -> dict:
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound_args, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=backend.target,
-                              options=options.__dict__)  # fmt: skip
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # where Triton prints ptxas's report (`dump_ptxas_log` below)
+        triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=backend.target, options=options.__dict__)
     flags = sorted(key for key, value in kwargs.items() if key.startswith("HAS_") and value)
     shape = {key: kwargs[key] for key in ("BLOCK", "GROUP") if key in kwargs}
     return dict(kernel=name, arch=arch, flags=flags, num_warps=options.num_warps, **shape,
-                **registers(compiled.asm["ptx"], arch))  # fmt: skip
+                **ptxas_report(log.getvalue()))  # fmt: skip
 
 
 _KERNELS = {name: getattr(routing_triton, name) for name in KERNELS}
+
+
+def compile_all(hidden_sizes: list[int], architectures: list[str], group_size: int | None) -> list[dict]:
+    """A record per kernel launch, architecture, dtype and hidden size; in groups of `group_size` points, or of
+    `routing_fused.group_size`'s."""
+    records = []
+    for hidden in hidden_sizes:
+        group = group_size or routing_fused.group_size(hidden)
+        for arch in architectures:
+            for dtype in DTYPES[arch]:
+                for name, launch_args, kwargs in launches(hidden, dtype, group):
+                    record = compile_launch(name, launch_args, kwargs, arch)
+                    records.append(dict(hidden=hidden, dtype=str(dtype).removeprefix("torch."), **record))
+                    print(json.dumps(records[-1]), file=sys.stderr)
+    return records
 
 
 def main() -> None:
@@ -115,15 +124,12 @@ def main() -> None:
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=list(HIDDEN_SIZES))
     parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES))
     args = parser.parse_args()
-    records = []
-    for hidden in args.hidden_sizes:
-        group = args.group_size or routing_fused.group_size(hidden)
-        for arch in args.architectures:
-            for dtype in DTYPES[arch]:
-                for name, launch_args, kwargs in launches(hidden, dtype, group):
-                    record = compile_launch(name, launch_args, kwargs, arch)
-                    records.append(dict(hidden=hidden, dtype=str(dtype).removeprefix("torch."), **record))
-                    print(json.dumps(records[-1]), file=sys.stderr)
+    # Triton prints the report of its own `ptxas` command on each kernel, compiled anew (in a cache of its own).
+    triton.knobs.nvidia.dump_ptxas_log = True
+    triton.knobs.compilation.always_compile = True
+    with tempfile.TemporaryDirectory() as cache:
+        triton.knobs.cache.dir = cache
+        records = compile_all(args.hidden_sizes, args.architectures, args.group_size)
     print(json.dumps(records))
 
 

@@ -1,10 +1,11 @@
 """The `"fused"` routing implementation's registered operation, `torch.ops.delta_qwen3.route`: PyTorch's own checks of a
 custom operation (`torch.library.opcheck`: schema, fake tensors, autograd registration, `torch.compile`), and its
 Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`tests/routing/
-fused_kernel_on_cpu.py`, with `.venv-fla`, which holds the Triton that PyTorch 2.13's CUDA wheels pin) against the
-operation's PyTorch code, against the spec's formula, and through the model in every mode; a copy of the kernels with
-a deliberate mistake fails the same comparisons. The kernels are also compiled for NVIDIA GPUs by Triton's own
-compiler (`tests/routing/kernels_for_gpu.py`): they compile, and their rows fit in registers. Every other test of the
+fused_kernel_on_cpu.py`) against the operation's PyTorch code, against the spec's formula, and through the model in
+every mode; a copy of the kernels with a deliberate mistake fails the same comparisons. The kernels are also compiled
+for NVIDIA GPUs by Triton's own compiler (`tests/routing/kernels_for_gpu.py`): they compile, and their rows fit in
+registers. Both with two Tritons: the one PyTorch 2.13's CUDA wheels pin (`.venv-fla`, beside the main environment's
+PyTorch) and the newest supported PyTorch's (`.venv-torch-2.15`, with that PyTorch). Every other test of the
 model runs the operation's PyTorch code (`tests/routing/test_routing_implementations.py` compares it with the
 reference in every mode)."""
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.paths import FLA_PATH, REPO_ROOT
+from helpers.paths import FLA_PATH, NEWEST_TORCH_PATH, REPO_ROOT
 from helpers.running import isolated_env
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -32,6 +33,11 @@ OP_TOLERANCES = {"float32": 1e-5, "bfloat16": 1e-2}
 # The model through the kernels against the "reference" implementation, float32: measured up to 3e-6 in logits and
 # routing weights and 3e-5 in gradients (a gate's, whose gradient is a sum of many cancelling terms).
 MODEL_TOLERANCES = {"logits": 1e-5, "weights": 1e-5, "gradients": 1e-4}
+TRITONS = {"torch-2.13": FLA_PATH, "newest-torch": NEWEST_TORCH_PATH}
+# Bytes a thread may spill: ptxas from CUDA 12.9 on keeps some programs small enough for two per multiprocessor by
+# spilling a scalar or two; a thread's share of one float32 row is 16 bytes or more at these widths, so a row never
+# fits in this.
+SPILL_ALLOWANCE = 8
 
 
 def sample_inputs(dtype: torch.dtype, own_source: bool, gate: bool, residual: bool) -> tuple:
@@ -117,11 +123,13 @@ def test_operation_reads_a_prefix_of_a_buffer_in_place_without_autograd():
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
-def run_with_triton(script: Path, *args: str, interpret: bool = True):
-    """What `script` prints last, as JSON, run with `.venv-fla`'s Triton (by its interpreter when `interpret`)."""
-    if not (FLA_PATH / ".installed").exists():
-        pytest.skip("no .venv-fla: `make test` creates it")
-    env = isolated_env() | {"PYTHONPATH": f"{FLA_PATH}{os.pathsep}{REPO_ROOT}"}
+def run_with_triton(script: Path, *args: str, triton: str = "torch-2.13", interpret: bool = True):
+    """What `script` prints last, as JSON, run with the environment `TRITONS[triton]` (by Triton's interpreter when
+    `interpret`)."""
+    path = TRITONS[triton]
+    if not (path / ".installed").exists():
+        pytest.skip(f"no {path.name}: `make test` creates it")
+    env = isolated_env() | {"PYTHONPATH": f"{path}{os.pathsep}{REPO_ROOT}"}
     env |= {"TRITON_INTERPRET": "1"} if interpret else {}
     completed = subprocess.run([sys.executable, str(script), *args], cwd=REPO_ROOT, env=env,
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
@@ -129,8 +137,8 @@ def run_with_triton(script: Path, *args: str, interpret: bool = True):
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def run_kernel_script(*args: str) -> dict:
-    return run_with_triton(KERNEL_SCRIPT, *args)
+def run_kernel_script(*args: str, triton: str = "torch-2.13") -> dict:
+    return run_with_triton(KERNEL_SCRIPT, *args, triton=triton)
 
 
 def op_failures(report: dict) -> list[str]:
@@ -139,8 +147,9 @@ def op_failures(report: dict) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_kernels_compute_the_operation_forward_and_backward_alone_and_through_the_model():
-    report = run_kernel_script()
+@pytest.mark.parametrize("triton", TRITONS)
+def test_the_kernels_compute_the_operation_forward_and_backward_alone_and_through_the_model(triton):
+    report = run_kernel_script(triton=triton)
     assert set(report["op"]) == {"float32", "bfloat16"}
     assert not op_failures(report)
     assert len(report["model"]) == 12  # each variant with points alone and in groups
@@ -165,15 +174,16 @@ def test_a_broken_kernel_of_grouped_reads_fails_their_comparisons_alone():
 
 def spilling(records: list[dict]) -> list[str]:
     return [f"{r['kernel']} {r['arch']} {r['dtype']} hidden {r['hidden']}: {r['spill_stores']} bytes"
-            for r in records if r["spill_stores"] or r["spill_loads"]]
+            for r in records if max(r["spill_stores"], r["spill_loads"]) > SPILL_ALLOWANCE]
 
 
 @pytest.mark.slow
-def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers():
+@pytest.mark.parametrize("triton", TRITONS)
+def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers(triton):
     """Each kernel, with its launch configuration, for the T4 (float16, float32), A100 and H100 (bfloat16, float32)
-    at every hidden size of the Qwen3 family: compiled by Triton's compiler and `ptxas`, nothing spilled to local
-    memory."""
-    records = run_with_triton(COMPILE_SCRIPT, interpret=False)
+    at every hidden size of the Qwen3 family: compiled by Triton's compiler and `ptxas` as Triton runs it, no row
+    spilled to local memory."""
+    records = run_with_triton(COMPILE_SCRIPT, triton=triton, interpret=False)
     assert len(records) == 5 * 2 * 6 * 3  # hidden sizes, dtypes, launches, architectures
     assert {r["kernel"] for r in records} == {"_route_forward", "_route_backward", "_route_partial_forward",
                                               "_route_partial_backward"}  # fmt: skip
@@ -182,10 +192,11 @@ def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers():
 
 
 @pytest.mark.slow
-def test_groups_of_four_points_past_2048_columns_would_spill():
+@pytest.mark.parametrize("triton", TRITONS)
+def test_groups_of_four_points_past_2048_columns_would_spill(triton):
     """Why `routing_fused.group_size` halves the groups past 2048 columns; and that the count above can fail."""
     records = run_with_triton(COMPILE_SCRIPT, "--group-size", "4", "--hidden-sizes", "4096", "--architectures",
-                              "sm_90", interpret=False)  # fmt: skip
+                              "sm_90", triton=triton, interpret=False)  # fmt: skip
     assert any("_route_partial_backward sm_90 bfloat16" in line for line in spilling(records)), records
 
 
