@@ -11,5 +11,7 @@ VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 # flash-linear-attention's core and Triton, installed beside the main environment for the Triton interpreter:
 # `make test` creates it.
 FLA_PATH = REPO_ROOT / ".venv-fla"
-# The newest supported PyTorch, with the Triton its CUDA wheels pin: `make test` creates it.
+# The oldest and the newest supported PyTorch (with Transformers, at the oldest), each with the Triton its CUDA wheels
+# pin: `make test` creates them.
+OLDEST_PATH = REPO_ROOT / ".venv-oldest"
 NEWEST_TORCH_PATH = REPO_ROOT / ".venv-torch-2.15"

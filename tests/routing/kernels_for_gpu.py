@@ -1,33 +1,33 @@
 """The Triton kernels of `torch.ops.delta_qwen3.route` (`modeling_delta_qwen3/routing_triton.py`) compiled for NVIDIA
-GPUs without one: Triton's own compiler and the `ptxas` that its wheel ships turn each kernel into machine code for a
-GPU architecture in the dtypes it runs, as a first launch on that GPU would (Triton's own `ptxas` command, options
-and all), and `ptxas -v` reports the registers each thread uses and the bytes it spills to local memory. What
-Triton's interpreter (`fused_kernel_on_cpu.py`) cannot see: that a kernel compiles at all, and that its rows fit in
-registers at every hidden size of the Qwen3 family.
+GPUs without one: each kernel's first launch on a GPU of each architecture, in the dtypes it runs there, compiled by
+Triton as on that GPU (its `warmup`: the same binding, specialisation, compiler and `ptxas` command, without running
+the kernel; Triton's driver is answered by a stand-in for a GPU of that architecture), and the machine code's resource
+usage read by the `cuobjdump` that Triton's wheel ships: registers per thread and bytes of local memory, where
+spilled registers go. What Triton's interpreter (`fused_kernel_on_cpu.py`) cannot see: that a kernel compiles at
+all, and that its rows fit in registers at every hidden size of the Qwen3 family.
 
 Each kernel is compiled from a launch of the wrappers in `routing_triton.py` on CPU tensors (the kernels swapped for
-recorders), so the arguments, the launch configuration and Triton's specialisation of them are those of a real
-launch. Run in a fresh interpreter with an environment holding Triton on PYTHONPATH by
-`tests/routing/test_fused_kernel.py`; prints one JSON line: a record per compiled kernel. Triton's binder and
-argument packing are private and may move between releases: they are what a launch calls, which is the point.
+recorders), so the arguments and the launch configuration are those of a real launch. Run in a fresh interpreter
+with an environment holding Triton on PYTHONPATH by `tests/routing/test_fused_kernel.py`; prints one JSON line: a
+record per compiled kernel.
 
 `--group-size G` compiles grouped reads in groups of G rather than `routing_fused.group_size`'s, to show that the
 register figures can fail: four points past 2048 columns spill, which is why groups are halved there.
 """
 
 import argparse
-import contextlib
-import io
 import json
+import os
 import re
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
+from triton.runtime import driver
 
 from modeling_delta_qwen3 import routing_fused, routing_triton
 
@@ -76,28 +76,47 @@ def launches(hidden: int, dtype: torch.dtype, group: int) -> list[tuple[str, tup
     return recorded
 
 
-def ptxas_report(log: str) -> dict:
-    """What `ptxas -v` said of the kernel when Triton assembled it: registers per thread, bytes spilled."""
-    used = int(re.search(r"Used (\d+) registers", log).group(1))
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return dict(registers=used, spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)))
+class _StandInDriver:
+    """What a launch asks Triton's active driver, answered for a GPU of compute capability `capability` that is not
+    here. Its device number is the capability, so that each architecture has its own cache of compiled kernels."""
+
+    def __init__(self, capability: int):
+        self.capability = capability
+
+    def get_current_device(self) -> int:
+        return self.capability
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", self.capability, 32)
+
+
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """What the machine code says a thread of the kernel uses: registers, and bytes of local memory (its stack
+    frame, where spilled registers go, and any other)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory, "kernel.cubin")
+        path.write_bytes(cubin)
+        report = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(path)], capture_output=True, text=True,
+                                check=True).stdout  # fmt: skip
+    usage = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", report)}
+    return dict(registers=usage["REG"], stack=usage["STACK"], local=usage["LOCAL"])
 
 
 def compile_launch(name: str, args: tuple, kwargs: dict, arch: str) -> dict:
-    """Compiles one recorded launch for `arch` as `JITFunction.run` would on that GPU."""
-    kernel = _KERNELS[name]
-    backend = make_backend(GPUTarget("cuda", ARCHITECTURES[arch], 32))
-    kwargs = dict(kwargs, debug=False)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound_args, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):  # where Triton prints ptxas's report (`dump_ptxas_log` below)
-        triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=backend.target, options=options.__dict__)
+    """Compiles one recorded launch for `arch` as its first launch on that GPU would (`warmup`: the same binding,
+    specialisation and compiler, without running it)."""
+    driver.set_active(_StandInDriver(ARCHITECTURES[arch]))  # left so: this machine has no driver to go back to
+    compiled = _KERNELS[name].warmup(*args, grid=(1,), **kwargs)
     flags = sorted(key for key, value in kwargs.items() if key.startswith("HAS_") and value)
     shape = {key: kwargs[key] for key in ("BLOCK", "GROUP") if key in kwargs}
-    return dict(kernel=name, arch=arch, flags=flags, num_warps=options.num_warps, **shape,
-                **ptxas_report(log.getvalue()))  # fmt: skip
+    return dict(kernel=name, arch=arch, flags=flags, num_warps=kwargs["num_warps"], **shape,
+                **resource_usage(compiled.asm["cubin"]))  # fmt: skip
 
 
 _KERNELS = {name: getattr(routing_triton, name) for name in KERNELS}
@@ -124,13 +143,9 @@ def main() -> None:
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=list(HIDDEN_SIZES))
     parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES))
     args = parser.parse_args()
-    # Triton prints the report of its own `ptxas` command on each kernel, compiled anew (in a cache of its own).
-    triton.knobs.nvidia.dump_ptxas_log = True
-    triton.knobs.compilation.always_compile = True
     with tempfile.TemporaryDirectory() as cache:
-        triton.knobs.cache.dir = cache
-        records = compile_all(args.hidden_sizes, args.architectures, args.group_size)
-    print(json.dumps(records))
+        os.environ["TRITON_CACHE_DIR"] = cache  # compiled anew, and nothing left behind
+        print(json.dumps(compile_all(args.hidden_sizes, args.architectures, args.group_size)))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`t
 fused_kernel_on_cpu.py`) against the operation's PyTorch code, against the spec's formula, and through the model in
 every mode; a copy of the kernels with a deliberate mistake fails the same comparisons. The kernels are also compiled
 for NVIDIA GPUs by Triton's own compiler (`tests/routing/kernels_for_gpu.py`): they compile, and their rows fit in
-registers. Both with two Tritons: the one PyTorch 2.13's CUDA wheels pin (`.venv-fla`, beside the main environment's
-PyTorch) and the newest supported PyTorch's (`.venv-torch-2.15`, with that PyTorch). Every other test of the
+registers. Both with the Triton that PyTorch 2.13's CUDA wheels pin (`.venv-fla`, beside the main environment's
+PyTorch) and the newest supported PyTorch's (`.venv-torch-2.15`, with that PyTorch); compiled with the oldest
+supported PyTorch's too (`.venv-oldest`), whose Triton's interpreter does not run with NumPy 2. Every other test of the
 model runs the operation's PyTorch code (`tests/routing/test_routing_implementations.py` compares it with the
 reference in every mode)."""
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.paths import FLA_PATH, NEWEST_TORCH_PATH, REPO_ROOT
+from helpers.paths import FLA_PATH, NEWEST_TORCH_PATH, OLDEST_PATH, REPO_ROOT
 from helpers.running import isolated_env
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -33,11 +34,12 @@ OP_TOLERANCES = {"float32": 1e-5, "bfloat16": 1e-2}
 # The model through the kernels against the "reference" implementation, float32: measured up to 3e-6 in logits and
 # routing weights and 3e-5 in gradients (a gate's, whose gradient is a sum of many cancelling terms).
 MODEL_TOLERANCES = {"logits": 1e-5, "weights": 1e-5, "gradients": 1e-4}
-TRITONS = {"torch-2.13": FLA_PATH, "newest-torch": NEWEST_TORCH_PATH}
-# Bytes a thread may spill: ptxas from CUDA 12.9 on keeps some programs small enough for two per multiprocessor by
-# spilling a scalar or two; a thread's share of one float32 row is 16 bytes or more at these widths, so a row never
-# fits in this.
-SPILL_ALLOWANCE = 8
+TRITONS = {"oldest-torch": OLDEST_PATH, "torch-2.13": FLA_PATH, "newest-torch": NEWEST_TORCH_PATH}
+INTERPRETED_TRITONS = ("torch-2.13", "newest-torch")
+# Bytes of local memory a thread may use: some `ptxas` releases keep a program to fewer registers by spilling a few
+# values (up to 16 bytes a thread seen, with the Tritons of PyTorch 2.6 and 2.15); the rows of four grouped points past
+# 2048 columns, which do not fit, spill 40 bytes and more.
+LOCAL_MEMORY_ALLOWANCE = 16
 
 
 def sample_inputs(dtype: torch.dtype, own_source: bool, gate: bool, residual: bool) -> tuple:
@@ -147,7 +149,7 @@ def op_failures(report: dict) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("triton", TRITONS)
+@pytest.mark.parametrize("triton", INTERPRETED_TRITONS)
 def test_the_kernels_compute_the_operation_forward_and_backward_alone_and_through_the_model(triton):
     report = run_kernel_script(triton=triton)
     assert set(report["op"]) == {"float32", "bfloat16"}
@@ -173,16 +175,16 @@ def test_a_broken_kernel_of_grouped_reads_fails_their_comparisons_alone():
 
 
 def spilling(records: list[dict]) -> list[str]:
-    return [f"{r['kernel']} {r['arch']} {r['dtype']} hidden {r['hidden']}: {r['spill_stores']} bytes"
-            for r in records if max(r["spill_stores"], r["spill_loads"]) > SPILL_ALLOWANCE]
+    return [f"{r['kernel']} {r['arch']} {r['dtype']} hidden {r['hidden']}: {r['stack'] + r['local']} bytes"
+            for r in records if r["stack"] + r["local"] > LOCAL_MEMORY_ALLOWANCE]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("triton", TRITONS)
 def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers(triton):
     """Each kernel, with its launch configuration, for the T4 (float16, float32), A100 and H100 (bfloat16, float32)
-    at every hidden size of the Qwen3 family: compiled by Triton's compiler and `ptxas` as Triton runs it, no row
-    spilled to local memory."""
+    at every hidden size of the Qwen3 family: compiled as a first launch on those GPUs would, no row spilled to
+    local memory."""
     records = run_with_triton(COMPILE_SCRIPT, triton=triton, interpret=False)
     assert len(records) == 5 * 2 * 6 * 3  # hidden sizes, dtypes, launches, architectures
     assert {r["kernel"] for r in records} == {"_route_forward", "_route_backward", "_route_partial_forward",
