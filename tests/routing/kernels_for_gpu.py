@@ -109,9 +109,8 @@ def resource_usage(cubin: bytes) -> dict:
 
 
 def compile_launch(name: str, args: tuple, kwargs: dict, arch: str) -> dict:
-    """Compiles one recorded launch for `arch` as its first launch on that GPU would (`warmup`: the same binding,
-    specialisation and compiler, without running it)."""
-    driver.set_active(_StandInDriver(ARCHITECTURES[arch]))  # left so: this machine has no driver to go back to
+    """Compiles one recorded launch as its first launch on a GPU of `arch`, the active driver's, would (`warmup`: the
+    same binding, specialisation and compiler, without running it)."""
     compiled = _KERNELS[name].warmup(*args, grid=(1,), **kwargs)
     flags = sorted(key for key, value in kwargs.items() if key.startswith("HAS_") and value)
     shape = {key: kwargs[key] for key in ("BLOCK", "GROUP") if key in kwargs}
@@ -129,6 +128,7 @@ def compile_all(hidden_sizes: list[int], architectures: list[str], group_size: i
     for hidden in hidden_sizes:
         group = group_size or routing_fused.group_size(hidden)
         for arch in architectures:
+            driver.set_active(_StandInDriver(ARCHITECTURES[arch]))  # left so: this machine has no driver to go back to
             for dtype in DTYPES[arch]:
                 for name, launch_args, kwargs in launches(hidden, dtype, group):
                     record = compile_launch(name, launch_args, kwargs, arch)
