@@ -24,8 +24,12 @@ source whose logit is the log-sum-exp of its logits, so the softmax merges it wi
 weights `route` returns are over all the point's sources, the partial ones first.
 
 On CUDA, when Triton is installed, the operations are the kernels of `routing_triton.py`; everywhere else, the
-PyTorch code below, which is also what the kernels are tested against besides the reference.
+PyTorch code below, which is also what the kernels are tested against besides the reference. A kernel that fails to
+compile or launch on a GPU (one it was never compiled for, say) is not fatal: that GPU routes with the PyTorch code
+for the rest of the process, after one warning (`_on_cuda`).
 """
+
+import warnings
 
 import torch
 
@@ -269,6 +273,50 @@ def _partial_backward(ctx, grad_mix, grad_logits):
     return _padded(grad_sources, 0, sources), None, grad_w_group, None
 
 
+# The GPUs where a kernel failed: every operation routes there with its PyTorch code from then on.
+_FAILED_DEVICES: set[torch.device] = set()
+
+
+def _gpu_description(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "no message"
+
+
+def _on_cuda(name: str, pytorch_code):
+    """The CUDA implementation of operation `name`: its Triton kernel, or `pytorch_code` where Triton is not installed
+    or on a GPU where a kernel failed to compile or launch. The kernels are compiled and checked for the GPUs
+    `tests/routing/kernels_for_gpu.py` names; on any other, Triton may refuse them (an architecture its compiler does
+    not know, too few registers or too little shared memory), and a failure there must cost speed, not the user's
+    run. The kernel's outputs are fresh tensors, so nothing it may have written before failing is read. Running out
+    of GPU memory is not a kernel's failure and is raised as it is."""
+
+    def run(*args):
+        device = args[0].device
+        if routing_triton is None or device in _FAILED_DEVICES:
+            return pytorch_code(*args)
+        try:
+            return getattr(routing_triton, name)(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # compile and launch errors have no common type across Triton releases
+            _FAILED_DEVICES.add(device)
+            warnings.warn(
+                f"DeltaQwen3's routing kernel {name!r} failed on {_gpu_description(device)} with Triton "
+                f"{routing_triton.triton.__version__} ({type(error).__name__}: {_first_line(error)}); this GPU routes with the PyTorch code for the rest of the "
+                "process: slower, same results",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return pytorch_code(*args)
+
+    return run
+
+
 def _register() -> None:
     operations = {
         "route": (_route, _route_fake, _backward, _setup_context),
@@ -281,8 +329,7 @@ def _register() -> None:
         op.register_fake(fake)
         if backward is not None:
             op.register_autograd(backward, setup_context=setup_context)
-        if routing_triton is not None:
-            op.register_kernel("cuda")(getattr(routing_triton, name))
+        op.register_kernel("cuda")(_on_cuda(name, function))
 
 
 # Registered once per process: a checkpoint's remote code is another copy of this module, which finds the
