@@ -28,7 +28,8 @@ GROUP_OPERATIONS_BYTES = 2**29
 
 def routes_with_kernels(like: torch.Tensor) -> bool:
     """Whether the operation runs Triton kernels on hidden states like `like`: on an NVIDIA GPU with Triton
-    installed (they are compiled and checked for the T4, A100 and H100: `tests/routing/kernels_for_gpu.py`)."""
+    installed (they are compiled and checked for the GPUs from the T4 to Blackwell's: `tests/routing/
+    kernels_for_gpu.py`; on a GPU where they fail, the operation falls back to its PyTorch code: `routing_op.py`)."""
     return like.is_cuda and torch.version.hip is None and has_kernels()
 
 

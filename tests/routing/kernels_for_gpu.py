@@ -11,6 +11,10 @@ recorders), so the arguments and the launch configuration are those of a real la
 with an environment holding Triton on PYTHONPATH by `tests/routing/test_fused_kernel.py`; prints one JSON line: a
 record per compiled kernel.
 
+An architecture that the Triton's `ptxas` does not know (Blackwell's for the Triton of PyTorch 2.6) gets one record
+naming it, `unsupported` with the compiler's message: on such a GPU the kernels fail at their first launch, and the
+operation routes with its PyTorch code (`routing_op._on_cuda`).
+
 `--group-size G` compiles grouped reads in groups of G rather than `routing_fused.group_size`'s, to show that the
 register figures can fail: four points past 2048 columns spill, which is why groups are halved there.
 """
@@ -31,10 +35,10 @@ from triton.runtime import driver
 
 from modeling_delta_qwen3 import routing_fused, routing_triton
 
-ARCHITECTURES = {"sm_75": 75, "sm_80": 80, "sm_90": 90}  # T4; A100; H100 and H200
+# T4; A100; L4 and RTX 40xx; H100 and H200; B200; RTX 50xx.
+ARCHITECTURES = {"sm_75": 75, "sm_80": 80, "sm_89": 89, "sm_90": 90, "sm_100": 100, "sm_120": 120}
 # The dtypes of the hidden states each runs: the T4 has no bfloat16, and runs models in float16.
-DTYPES = {"sm_75": (torch.float16, torch.float32), "sm_80": (torch.bfloat16, torch.float32),
-          "sm_90": (torch.bfloat16, torch.float32)}  # fmt: skip
+DTYPES = {arch: (torch.float16 if arch == "sm_75" else torch.bfloat16, torch.float32) for arch in ARCHITECTURES}
 HIDDEN_SIZES = (1024, 2048, 2560, 4096, 5120)  # Qwen3 0.6B, 1.7B, 4B, 8B, 14B and 32B
 TOKENS = 16
 KERNELS = ("_route_forward", "_route_backward", "_route_partial_forward", "_route_partial_backward")
@@ -121,20 +125,34 @@ def compile_launch(name: str, args: tuple, kwargs: dict, arch: str) -> dict:
 _KERNELS = {name: getattr(routing_triton, name) for name in KERNELS}
 
 
-def compile_all(hidden_sizes: list[int], architectures: list[str], group_size: int | None) -> list[dict]:
-    """A record per kernel launch, architecture, dtype and hidden size; in groups of `group_size` points, or of
-    `routing_fused.group_size`'s."""
+def unknown_architecture(error: Exception, arch: str) -> str | None:
+    """The line of `ptxas`' message saying that it does not know `arch`, if that is why a compilation failed."""
+    return next((line.strip() for line in str(error).splitlines() if f"'{arch}" in line and "not defined" in line), None)
+
+
+def compile_architecture(arch: str, hidden_sizes: list[int], group_size: int | None) -> list[dict]:
+    """A record per kernel launch, dtype and hidden size on a GPU of `arch`; in groups of `group_size` points, or of
+    `routing_fused.group_size`'s. One record, `unsupported`, if the compiler does not know the architecture."""
+    driver.set_active(_StandInDriver(ARCHITECTURES[arch]))  # left so: this machine has no driver to go back to
     records = []
     for hidden in hidden_sizes:
         group = group_size or routing_fused.group_size(hidden)
-        for arch in architectures:
-            driver.set_active(_StandInDriver(ARCHITECTURES[arch]))  # left so: this machine has no driver to go back to
-            for dtype in DTYPES[arch]:
-                for name, launch_args, kwargs in launches(hidden, dtype, group):
+        for dtype in DTYPES[arch]:
+            for name, launch_args, kwargs in launches(hidden, dtype, group):
+                try:
                     record = compile_launch(name, launch_args, kwargs, arch)
-                    records.append(dict(hidden=hidden, dtype=str(dtype).removeprefix("torch."), **record))
-                    print(json.dumps(records[-1]), file=sys.stderr)
+                except Exception as error:  # Triton's compile errors have no common type across releases
+                    if not records and (message := unknown_architecture(error, arch)):
+                        return [dict(arch=arch, unsupported=message)]
+                    raise
+                records.append(dict(hidden=hidden, dtype=str(dtype).removeprefix("torch."), **record))
+                print(json.dumps(records[-1]), file=sys.stderr)
     return records
+
+
+def compile_all(hidden_sizes: list[int], architectures: list[str], group_size: int | None) -> list[dict]:
+    """`compile_architecture`'s records for each of `architectures`."""
+    return [record for arch in architectures for record in compile_architecture(arch, hidden_sizes, group_size)]
 
 
 def main() -> None:

@@ -181,18 +181,31 @@ def spilling(records: list[dict]) -> list[str]:
             for r in records if r["stack"] + r["local"] > LOCAL_MEMORY_ALLOWANCE]
 
 
+# The architectures each Triton compiles for: the Triton of PyTorch 2.6 (CUDA 12.4's `ptxas`) knows no Blackwell GPU.
+# Its LLVM aborts the process on sm_120 rather than raise, so it is not asked: PyTorch 2.6 itself has no build for
+# those GPUs, so no user meets that pair.
+ARCHITECTURES = ("sm_75", "sm_80", "sm_89", "sm_90", "sm_100", "sm_120")
+COMPILED = {"oldest-torch": ARCHITECTURES[:4], "torch-2.13": ARCHITECTURES, "newest-torch": ARCHITECTURES}
+UNKNOWN = {"oldest-torch": ("sm_100",), "torch-2.13": (), "newest-torch": ()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("triton", TRITONS)
 def test_the_kernels_compile_for_the_gpus_and_their_rows_stay_in_registers(triton):
-    """Each kernel, with its launch configuration, for the T4 (float16, float32), A100 and H100 (bfloat16, float32)
-    at every hidden size of the Qwen3 family: compiled as a first launch on those GPUs would, no row spilled to
-    local memory."""
-    records = run_with_triton(COMPILE_SCRIPT, triton=triton, interpret=False)
-    assert len(records) == 5 * 2 * 6 * 3  # hidden sizes, dtypes, launches, architectures
-    assert {r["kernel"] for r in records} == {"_route_forward", "_route_backward", "_route_partial_forward",
-                                              "_route_partial_backward"}  # fmt: skip
-    assert all(0 < r["registers"] <= 255 for r in records)
-    assert not spilling(records)
+    """Each kernel, with its launch configuration, for the T4 (float16, float32) and the later GPUs (bfloat16,
+    float32) at every hidden size of the Qwen3 family: compiled as a first launch on those GPUs would, no row
+    spilled to local memory. An architecture the Triton does not know is reported as such (its first launch there
+    raises, and the operation falls back to its PyTorch code: `test_kernel_fallback.py`)."""
+    architectures = COMPILED[triton] + UNKNOWN[triton]
+    records = run_with_triton(COMPILE_SCRIPT, "--architectures", *architectures, triton=triton, interpret=False)
+    compiled = [r for r in records if "unsupported" not in r]
+    assert sorted(r["arch"] for r in records if "unsupported" in r) == sorted(UNKNOWN[triton])
+    assert {r["arch"] for r in compiled} == set(COMPILED[triton])
+    assert len(compiled) == 5 * 2 * 6 * len(COMPILED[triton])  # hidden sizes, dtypes, launches, architectures
+    assert {r["kernel"] for r in compiled} == {"_route_forward", "_route_backward", "_route_partial_forward",
+                                               "_route_partial_backward"}  # fmt: skip
+    assert all(0 < r["registers"] <= 255 for r in compiled)
+    assert not spilling(compiled)
 
 
 @pytest.mark.slow
