@@ -6,7 +6,7 @@ zero gates a gated delta model computes exactly what the Qwen3 model with the sa
 """
 
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 import torch
@@ -14,7 +14,6 @@ from torch import nn
 from transformers import AutoModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
@@ -113,13 +112,15 @@ class _GateInFormat(ConversionOps):
         return self
 
 
-# Registered by model type, which is how Transformers applies it to a model loaded as remote code too; replaced when
-# another copy of this file (a checkpoint's remote code beside the installed project) is imported.
-register_checkpoint_conversion_mapping(
-    DeltaQwen3Config.model_type,
-    [WeightConverter(source_patterns="_route.gate", target_patterns="_route.gate", operations=[_GateInFormat()])],
-    overwrite=True,
-)
+def gate_conversions(config: DeltaQwen3Config) -> list[WeightConverter]:
+    """The weight conversions that loading a model of this configuration adds to those registered for its model type:
+    the gates' (`_GateInFormat`) where the model has gates, none where it has none. Transformers looks conversions up
+    by model type or class name only, never by configuration, and its common tests count a conversion whose patterns
+    match no weight of the saved model as wrongly written; so the gates' conversion is added per model
+    (`DeltaQwen3PreTrainedModel._load_pretrained_model`), not registered for the model type."""
+    if not config.routing_gate:
+        return []
+    return [WeightConverter(source_patterns="_route.gate", target_patterns="_route.gate", operations=[_GateInFormat()])]
 
 
 class DecoderLayerOutput(NamedTuple):
@@ -197,6 +198,16 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     # Hidden states and attention weights are collected by `DeltaQwen3Model.forward` itself: a decoder layer takes
     # and returns the depth state, not the hidden states that Transformers' output hooks expect.
     _can_record_outputs = {}
+
+    @staticmethod
+    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, *args, **kwargs):
+        """Transformers' loading of weights (`from_pretrained`, and adapters), with the model's `gate_conversions`
+        after the conversions Transformers found for it."""
+        weight_mapping = [*(load_config.weight_mapping or []), *gate_conversions(model.config)]
+        load_config = replace(load_config, weight_mapping=weight_mapping)
+        return Qwen3PreTrainedModel._load_pretrained_model(
+            model, state_dict, checkpoint_files, load_config, *args, **kwargs
+        )
 
     def set_routing_implementation(self, routing_implementation: str | None) -> None:
         """Route with `routing_implementation` (see `DeltaQwen3Config`; None: the default for the situation)."""
