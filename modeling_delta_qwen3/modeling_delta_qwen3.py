@@ -123,6 +123,18 @@ def gate_conversions(config: DeltaQwen3Config) -> list[WeightConverter]:
     return [WeightConverter(source_patterns="_route.gate", target_patterns="_route.gate", operations=[_GateInFormat()])]
 
 
+# The modules that hold the routing parameters (queries, norm weights, gates): kept in float32 in a model loaded or
+# built in bfloat16 or float16 (`DeltaQwen3PreTrainedModel._keep_in_fp32_modules_strict`).
+ROUTING_MODULES = ("attn_route", "mlp_route", "final_route")
+
+
+def _routing_point(hidden_size: int, eps: float, gated: bool) -> RoutingPoint:
+    """A routing point, in float32 where the model is built in half precision (`from_config(config, dtype=...)`,
+    and `from_pretrained`, which builds the model before loading it)."""
+    point = RoutingPoint(hidden_size, eps, gated)
+    return point.float() if torch.get_default_dtype() in (torch.float16, torch.bfloat16) else point
+
+
 class DecoderLayerOutput(NamedTuple):
     """The depth state to hand to the next layer, and the two sublayer outputs this layer added to it. The outputs
     are returned as tensors so that wrappers which hook a layer's outputs (FSDP re-gathers a layer's parameters for
@@ -157,8 +169,8 @@ class DeltaQwen3DecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         gated = config.routing_gate
-        self.attn_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated) if layer_idx > 0 else None
-        self.mlp_route = RoutingPoint(config.hidden_size, config.rms_norm_eps, gated)
+        self.attn_route = _routing_point(config.hidden_size, config.rms_norm_eps, gated) if layer_idx > 0 else None
+        self.mlp_route = _routing_point(config.hidden_size, config.rms_norm_eps, gated)
 
     @property
     def checkpointing(self) -> bool:
@@ -195,6 +207,11 @@ class DeltaQwen3PreTrainedModel(Qwen3PreTrainedModel):
     config_class = DeltaQwen3Config
     config: DeltaQwen3Config
     _no_split_modules = ["DeltaQwen3DecoderLayer"]
+    # Loaded in bfloat16 or float16, the routing parameters stay in float32 (as Transformers keeps other small
+    # parameters that must not lose precision): they are what fine-tuning a converted checkpoint learns, and
+    # bfloat16 storage would round away the small updates that move a norm weight near 1 or a gate. The routing
+    # computes in float32 whatever they are stored in. `model.to(dtype)` casts them as it casts every parameter.
+    _keep_in_fp32_modules_strict = list(ROUTING_MODULES)
     # Hidden states and attention weights are collected by `DeltaQwen3Model.forward` itself: a decoder layer takes
     # and returns the depth state, not the hidden states that Transformers' output hooks expect.
     _can_record_outputs = {}
@@ -287,7 +304,7 @@ class DeltaQwen3Model(DeltaQwen3PreTrainedModel):
             [DeltaQwen3DecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
         )
         self.final_route = (
-            RoutingPoint(config.hidden_size, config.rms_norm_eps, gated=False)
+            _routing_point(config.hidden_size, config.rms_norm_eps, gated=False)
             if ROUTING_MODES[config.routing_mode].final_point
             else None
         )
