@@ -92,7 +92,7 @@ demo: install
 	$(PY) -m demo $(if $(BASE),--base $(BASE)) $(if $(DATA),--data $(DATA)) \
 		$(if $(STEPS),--steps $(STEPS)) $(if $(DEVICE),--device $(DEVICE)) $(if $(OUT),--out $(OUT))
 
-# The GPU self-check (benchmarks/gpu_check.py): OUT=DIR for its report (default gpu-check-output), REHEARSAL=1 for
+# The GPU self-check (benchmarks/gpu_check/): OUT=DIR for its report (default gpu-check-output), REHEARSAL=1 for
 # the same code on the CPU at tiny shapes.
 gpu-check: install
 	$(PY) -m benchmarks.gpu_check --out $(if $(OUT),$(OUT),gpu-check-output) $(if $(REHEARSAL),--rehearsal)

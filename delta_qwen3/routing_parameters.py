@@ -1,5 +1,5 @@
-"""Random routing parameters for checks of the routing's maths: the GPU check's small models, and the tests'
-(`tests/helpers` imports it from here, so that benchmarks import no test code)."""
+"""Random routing parameters for checks of the routing's maths: the GPU check's small models (`benchmarks/`) and
+the tests' (`tests/helpers`). It lives here, in the installed package, so that neither imports the other."""
 
 import torch
 

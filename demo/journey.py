@@ -3,17 +3,15 @@ base model -> convert to Delta Block (exact) -> fine-tune baseline and Delta Blo
 evaluate both (perplexity, the eight benchmarks, routing sharpness) -> one table."""
 
 import os
-import random
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from conversion import convert, verify
-from delta_qwen3.atomic import write_json, write_json_lines
-from delta_qwen3.corpus import python_docs_texts, train_bpe_tokenizer
+from delta_qwen3.atomic import write_json
+from delta_qwen3.corpus import SMALL_BASE_CONFIG, SMALL_VOCAB_SIZE, pretraining_inputs, split_python_docs
 from delta_qwen3.errors import RunError
-from delta_qwen3.jsonl import json_text, read_json_lines
 from eval.models import load_causal_lm
 from eval.perplexity import perplexity
 from eval.routing import routing_statistics
@@ -21,47 +19,23 @@ from eval.routing_plots import write_routing_report
 from delta_qwen3.texts import read_texts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
-# The embedded default base: small enough to pre-train on two CPU cores in a few minutes.
-DEMO_BASE_CONFIG = dict(
-    hidden_size=128,
-    intermediate_size=384,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=512,
-    tie_word_embeddings=True,
-)
 
 
 @dataclass
 class DemoSettings:
     out: Path
-    base: str | None  # a Qwen3 checkpoint (Hub id or directory); None pre-trains the embedded default
+    base: str | None  # a Qwen3 checkpoint (Hub id or directory); None pre-trains SMALL_BASE_CONFIG
     data: str | None  # fine-tuning data (Hub dataset id or file); None uses Python's documentation
     steps: int
     pretrain_steps: int
     device: str
     seq_len: int
     num_blocks: int
-    vocab_size: int = 2048
+    vocab_size: int = SMALL_VOCAB_SIZE
 
 
 def step(number: int, title: str) -> None:
     print(f"\n=== [{number}/5] {title}", flush=True)
-
-
-def split_corpus(out: Path) -> dict[str, Path]:
-    """Python's documentation, split by document: pre-training, fine-tuning (held out from pre-training) and
-    validation (held out from both)."""
-    texts = python_docs_texts()
-    random.Random(0).shuffle(texts)
-    n = len(texts)
-    parts = {"pretrain": texts[: n // 2], "finetune": texts[n // 2 : 4 * n // 5], "validation": texts[4 * n // 5 :]}
-    return {
-        name: write_json_lines(out / "data" / f"{name}.jsonl", ({"text": text} for text in part))
-        for name, part in parts.items()
-    }
 
 
 def run(command: list[str]) -> None:
@@ -103,31 +77,15 @@ def finetune_command(settings: DemoSettings, launcher: list[str], model_args: li
     ]
 
 
-def pretraining_inputs(settings: DemoSettings, corpus: dict[str, Path]) -> tuple[Path, Path]:
-    """A byte-level BPE tokenizer trained on the pre-training split, and the base model's configuration file."""
-    tokenizer_dir = settings.out / "tokenizer"
-    texts = [document["text"] for _, document in read_json_lines(corpus["pretrain"])]
-    train_bpe_tokenizer(texts, settings.vocab_size).save_pretrained(tokenizer_dir)
-    config_file = settings.out / "base-config.json"
-    config_file.write_text(json_text(DEMO_BASE_CONFIG))
-    return tokenizer_dir, config_file
-
-
-def pretraining_command(settings: DemoSettings, corpus: dict[str, Path], inputs: tuple[Path, Path], run_dir: Path,
-                        mode: str = "baseline", launcher: tuple[str, ...] = (sys.executable,)) -> list[str]:
-    """The command that pre-trains a model of the base's shape in routing `mode` (baseline: plain Qwen3) on the
-    pre-training split with the tokenizer and configuration of `inputs` (`pretraining_inputs`)."""
-    tokenizer_dir, config_file = inputs
-    model_args = ["--from-scratch", "--mode", mode, "--model-config", str(config_file),
-                  "--tokenizer", str(tokenizer_dir)]
-    command = finetune_command(settings, list(launcher), model_args, str(corpus["pretrain"]), run_dir)
-    return command + ["--max-steps", str(settings.pretrain_steps), "--lr", "3e-3", "--warmup-steps", "30"]
-
-
 def pretrain_base(settings: DemoSettings, corpus: dict[str, Path]) -> Path:
     """A byte-level BPE tokenizer and a small Qwen3, both trained from scratch on the pre-training split."""
     run_dir = settings.out / "pretrain"
-    run(pretraining_command(settings, corpus, pretraining_inputs(settings, corpus), run_dir))
+    tokenizer_dir, config_file = pretraining_inputs(settings.out, corpus["pretrain"], SMALL_BASE_CONFIG,
+                                                    settings.vocab_size)
+    model_args = ["--from-scratch", "--mode", "baseline", "--model-config", str(config_file),
+                  "--tokenizer", str(tokenizer_dir)]
+    command = finetune_command(settings, [sys.executable], model_args, str(corpus["pretrain"]), run_dir)
+    run(command + ["--max-steps", str(settings.pretrain_steps), "--lr", "3e-3", "--warmup-steps", "30"])
     return run_dir / "model"
 
 
@@ -197,7 +155,7 @@ def summary_table(summary: dict) -> str:
 
 def run_journey(settings: DemoSettings) -> dict:
     settings.out.mkdir(parents=True, exist_ok=True)
-    corpus = split_corpus(settings.out)
+    corpus = split_python_docs(settings.out)
     step(1, "base model")
     base = settings.base or str(pretrain_base(settings, corpus))
     print(f"base model: {base}")

@@ -112,7 +112,7 @@ def _parse_demo(argv: list[str]) -> None:
 
 
 def _parse_gpu_check(argv: list[str]) -> None:
-    from benchmarks.gpu_check import build_parser
+    from benchmarks.gpu_check.driver import build_parser
 
     build_parser().parse_args(argv)
 

@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-from benchmarks.routing_parameters import randomize_routing  # noqa: F401  (the tests' helpers import it from here)
+from delta_qwen3.routing_parameters import randomize_routing  # noqa: F401  (the tests' helpers import it from here)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -11,7 +11,8 @@ import pytest
 from helpers.paths import REPO_ROOT
 from helpers.running import isolated_env
 
-from benchmarks import gpu_check
+from benchmarks.gpu_check import attention, comparing, driver, performance, profiles, running
+from benchmarks.gpu_check import report as reporting
 from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 
@@ -26,11 +27,11 @@ def test_the_rehearsal_runs_every_section_and_passes(tmp_path):
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = report["sections"]
-    assert list(sections) == list(gpu_check.SECTIONS) and report["passed"] is True
+    assert list(sections) == list(driver.SECTIONS) and report["passed"] is True
     assert report["settings"]["rehearsal"] is True and report["settings"]["device"] == "cpu"
     assert sections["serving"]["status"] == "skipped" and sections["serving"]["checks"] == []
     assert sections["serving"]["reason"].startswith("vLLM is not installed in this interpreter")
-    for name in gpu_check.SECTIONS[:-1]:
+    for name in driver.SECTIONS[:-1]:
         assert sections[name]["status"] == "pass", (name, sections[name])
         assert sections[name]["checks"] and all(check["pass"] for check in sections[name]["checks"])
     implementations = {check["name"].split(":")[0] for check in sections["implementations"]["checks"]}
@@ -42,7 +43,7 @@ def test_the_rehearsal_runs_every_section_and_passes(tmp_path):
     assert all(len(sections["learning"]["figures"][f"{mode} losses"]) == 20 for mode in ("baseline", "delta_block"))
     table = (tmp_path / "gpu_check.md").read_text()
     assert table in completed.stdout and "all sections passed or were skipped" in table
-    assert [line.split(" | ")[0] for line in table.splitlines()[2:8]] == [f"| {name}" for name in gpu_check.SECTIONS]
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:8]] == [f"| {name}" for name in driver.SECTIONS]
     goals = sections["performance"]["goals"]
     assert f"| goals met: {sum(goal['met'] for goal in goals)} of 21 (below); not run: kernels, " in table
     assert "Goals (reported, not checked):" in table and "| training_long: delta fused / qwen3 | " in table
@@ -98,7 +99,7 @@ def check_performance_rehearsal(performance: dict) -> None:
 
 
 def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_still_run(tmp_path):
-    run = gpu_check.Run(tmp_path, {"settings": {}, "sections": {}})
+    run = running.Run(tmp_path, {"settings": {}, "sections": {}})
     on_disk = {}
 
     def passes(section):
@@ -106,7 +107,7 @@ def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_sti
         section.check("a figure", 1.0, 2.0)
 
     def skips(section):
-        raise gpu_check.Skipped("not here")
+        raise running.Skipped("not here")
 
     functions = {
         "raises": lambda section: 1 / 0,
@@ -117,7 +118,7 @@ def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_sti
     }
     budgets = dict.fromkeys(functions, 0.5)
     with (tmp_path / "log").open("w") as log:
-        gpu_check.run_sections(run, functions, budgets, log)
+        running.run_sections(run, functions, budgets, log)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     statuses = {name: data["status"] for name, data in report["sections"].items()}
     assert statuses == {"raises": "error", "times_out": "timeout", "fails": "fail", "passes": "pass",
@@ -131,7 +132,7 @@ def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_sti
                                                       "at_seconds": 0.0}]
     # While a section ran, the report on disk held the sections before it, and said which one was running.
     assert [on_disk[name]["status"] for name in functions] == ["error", "timeout", "fail", "running", "waiting"]
-    table = gpu_check.table(run)
+    table = reporting.table(run)
     assert "| fails | fail |" in table and "failed: too large = 3 (needs <= 2)" in table
     assert "some sections did not pass" in table
 
@@ -143,7 +144,7 @@ def test_a_section_that_fails_raises_or_times_out_is_recorded_and_the_others_sti
 ])
 def test_bad_options_end_with_one_line(tmp_path, capsys, options, message):
     with pytest.raises(SystemExit) as exit_info:
-        gpu_check.main(["--out", str(tmp_path / "out"), "--rehearsal", *options])
+        driver.main(["--out", str(tmp_path / "out"), "--rehearsal", *options])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("python -m benchmarks.gpu_check: error: ") and message in err
@@ -151,9 +152,9 @@ def test_bad_options_end_with_one_line(tmp_path, capsys, options, message):
 
 
 def test_without_a_gpu_the_full_check_points_to_the_rehearsal(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(driver.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as exit_info:
-        gpu_check.main(["--out", str(tmp_path)])
+        driver.main(["--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == ("python -m benchmarks.gpu_check: error: no CUDA GPU is visible to PyTorch "
                                        "here: --rehearsal runs the check on the CPU\n")
@@ -165,19 +166,19 @@ def test_a_non_finite_attention_result_is_checked_against_plain_qwen3(monkeypatc
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    profile = gpu_check.REHEARSAL
-    ids = gpu_check.check_ids(profile)
-    mask = gpu_check.left_padded(ids)
-    assert gpu_check.plain_qwen3_gradients_finite(profile, "sdpa bfloat16", ids, mask) is True
+    profile = profiles.REHEARSAL
+    ids = comparing.check_ids(profile)
+    mask = attention.left_padded(ids)
+    assert attention.plain_qwen3_gradients_finite(profile, "sdpa bfloat16", ids, mask) is True
 
     def poisoned(*args, **kwargs):
         output, weights = sdpa_attention_forward(*args, **kwargs)
         return output * float("nan"), weights
 
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", poisoned)
-    assert gpu_check.plain_qwen3_gradients_finite(profile, "sdpa bfloat16", ids, mask) is False
-    section = gpu_check.SectionRecord({})
-    gpu_check.check_attention(profile, section)
+    assert attention.plain_qwen3_gradients_finite(profile, "sdpa bfloat16", ids, mask) is False
+    section = running.SectionRecord({})
+    attention.check_attention(profile, section)
     failed = {check["name"].rsplit(":", 1)[0] for check in section.data["checks"] if not check["pass"]}
     assert failed == {f"{mode} sdpa {dtype}" for mode in ROUTING_MODES for dtype in ("float32", "bfloat16")}
     assert section.data["figures"]["qwen3 sdpa float32: gradients finite"] is False
@@ -190,20 +191,21 @@ def test_a_non_finite_attention_result_is_checked_against_plain_qwen3(monkeypatc
 BUDGET_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from benchmarks import gpu_check
+from benchmarks.gpu_check import running
+from benchmarks.gpu_check.performance import record_goal
 
-run, ran = gpu_check.Run(Path(sys.argv[1]), {"settings": {}, "sections": {}}), []
+run, ran = running.Run(Path(sys.argv[1]), {"settings": {}, "sections": {}}), []
 
 def performance(section):
-    gpu_check.run_parts(section, {
+    running.run_parts(section, {
         "raises": lambda: 1 / 0,
-        "measures": lambda: gpu_check.record_goal(section, "training", "delta", "training: delta / qwen3", 0.9),
+        "measures": lambda: record_goal(section, "training", "delta", "training: delta / qwen3", 0.9),
         "runs_out": lambda: time.sleep(30),
         "after": lambda: ran.append("after"),
     })
 
 with (Path(sys.argv[1]) / "log").open("w") as log:
-    gpu_check.run_sections(run, {"performance": performance}, {"performance": 1.0}, log)
+    running.run_sections(run, {"performance": performance}, {"performance": 1.0}, log)
 print(json.dumps({"data": run.sections()["performance"], "ran": ran}))
 """
 
@@ -234,7 +236,7 @@ def test_gpu_activity_counts_the_kernels_and_the_busy_time_within_the_profiled_s
         return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,
                                time_range=SimpleNamespace(start=start, end=end))
 
-    step = gpu_check.PROFILED_STEP
+    step = performance.PROFILED_STEP
     events = [
         event(step, 100, 200, DeviceType.CPU, annotation=True),
         event(step, 100, 200, annotation=True),  # the step's range on the GPU's timeline: not an activity
@@ -246,4 +248,4 @@ def test_gpu_activity_counts_the_kernels_and_the_busy_time_within_the_profiled_s
         event("tail", 190, 230),  # past the step's end: only its first 10 count
         event("before", 50, 90),  # before the step: not counted
     ]
-    assert gpu_check.gpu_activity(events, step) == {"kernels": 3, "gpu_busy": (30 + 10 + 10) / 100}
+    assert performance.gpu_activity(events, step) == {"kernels": 3, "gpu_busy": (30 + 10 + 10) / 100}
