@@ -78,7 +78,9 @@ $(VLLM_ENV)/.installed: Makefile
 # Two test processes: much of the suite's time is single-threaded (compiling, starting interpreters), so two
 # processes keep both cores busy where one left one idle. Each process, and what it starts, computes on one thread:
 # PyTorch's default of one thread per core would put twice as many threads as cores to spin against each other.
-PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal
+# The environments built above are required: a test that needs one fails where it is missing, rather than skip
+# (tests/helpers/environments.py).
+PYTEST := DELTA_QWEN3_REQUIRE_ENVIRONMENTS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal
 
 test: install $(OLDEST)/.installed $(NEWEST_TORCH)/.installed $(VLLM_ENV)/.installed $(FLA_ENV)/.installed
 	$(PYTEST)

@@ -7,7 +7,8 @@ PROJECT_PACKAGES = ("modeling_delta_qwen3", "conversion", "finetune", "eval", "d
 # The model's code as a checkpoint ships it: every module of the package but its `__init__`.
 MODEL_CODE_FILES = sorted(p.name for p in (REPO_ROOT / "modeling_delta_qwen3").glob("*.py") if p.name != "__init__.py")
 # vLLM's CPU build in its own environment, without this project: `make test` creates it.
-VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_PATH = REPO_ROOT / ".venv-vllm"
+VLLM_PYTHON = VLLM_PATH / "bin" / "python"
 # flash-linear-attention's core and Triton, installed beside the main environment for the Triton interpreter:
 # `make test` creates it.
 FLA_PATH = REPO_ROOT / ".venv-fla"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.environments import require_environment
 from helpers.models import random_model, token_ids
 from helpers.paths import FLA_PATH, REPO_ROOT
 from helpers.running import isolated_env
@@ -40,8 +41,7 @@ WEIGHTS_TOLERANCE = 5e-6  # routing weights, absolute: measured up to 1.7e-6
 
 @pytest.fixture(scope="module")
 def kernel_report() -> dict:
-    if not (FLA_PATH / ".installed").exists():
-        pytest.skip("no .venv-fla: `make test` creates it")
+    require_environment(FLA_PATH)
     env = isolated_env() | {"PYTHONPATH": f"{FLA_PATH}{os.pathsep}{REPO_ROOT}", "TRITON_INTERPRET": "1"}
     completed = subprocess.run([sys.executable, str(KERNEL_SCRIPT)], cwd=REPO_ROOT,
                                env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.environments import require_environment
 from helpers.paths import FLA_PATH, NEWEST_TORCH_PATH, OLDEST_PATH, REPO_ROOT
 from helpers.running import isolated_env
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -129,8 +130,7 @@ def run_with_triton(script: Path, *args: str, triton: str = "torch-2.13", interp
     """What `script` prints last, as JSON, run with the environment `TRITONS[triton]` (by Triton's interpreter when
     `interpret`)."""
     path = TRITONS[triton]
-    if not (path / ".installed").exists():
-        pytest.skip(f"no {path.name}: `make test` creates it")
+    require_environment(path)
     env = isolated_env() | {"PYTHONPATH": f"{path}{os.pathsep}{REPO_ROOT}"}
     env |= {"TRITON_INTERPRET": "1"} if interpret else {}
     completed = subprocess.run([sys.executable, str(script), *args], cwd=REPO_ROOT, env=env,

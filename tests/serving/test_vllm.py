@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.models import gate_shapes, save_random_delta, save_tiny_qwen3, write_scalar_gates
-from helpers.paths import REPO_ROOT, VLLM_PYTHON
+from helpers.environments import require_environment
+from helpers.paths import REPO_ROOT, VLLM_PATH, VLLM_PYTHON
 from helpers.running import isolated_env, run_without_project
 from transformers import Qwen3ForCausalLM
 
@@ -22,10 +23,14 @@ from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 RUNNER = REPO_ROOT / "benchmarks" / "vllm_runner.py"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm: `make test` creates it"),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_environment():
+    """Before the module's other fixtures: the tests need .venv-vllm (`require_environment`)."""
+    require_environment(VLLM_PATH)
+
 
 # vLLM's CPU attention refuses the fixtures' head size of 16. Two layers of one block each: every routing mechanism
 # of a mode is there, and compiling (most of these tests' time) takes half as long as with four.

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers.paths import REPO_ROOT, VLLM_PYTHON
+from helpers.environments import require_environment
+from helpers.paths import REPO_ROOT, VLLM_PATH
 from helpers.running import isolated_env
 
 from benchmarks.routing_overhead import (
@@ -121,8 +122,8 @@ def test_serving_refuses_delta_block_in_the_compiled_mode():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm: `make test` creates it")
 def test_serving_quick_run_reports_every_ratio(tmp_path):
+    require_environment(VLLM_PATH)
     output = tmp_path / "results.json"
     command = [sys.executable, "benchmarks/serving.py", "--quick", "--enforce-eager", "--modes", "delta_block",
                "--output", str(output)]
