@@ -85,6 +85,13 @@ class FinetuneConfig:
     lora_rank: int = option(16, "LoRA rank", "training")
     lora_alpha: float = option(32.0, "LoRA scaling numerator (the update is scaled by alpha / rank)", "training")
     lora_dropout: float = option(0.0, "dropout on the LoRA branch", "training")
+    quantize: str | None = option(
+        None,
+        "with --lora, load --model quantised by bitsandbytes (4bit: QLoRA's NF4; 8bit) and train the adapters on it, "
+        "the routing parameters in float32; the adapters, not a merged model, are saved (OUT/adapter)",
+        "training",
+        choices=("4bit", "8bit"),
+    )
 
     # Data
     data: str | None = option(
@@ -195,6 +202,9 @@ class FinetuneConfig:
             raise CommandError("--preset, --model-config, --num-blocks and --gate only apply with --from-scratch")
         if self.freeze_base and self.lora:
             raise CommandError("--freeze-base and --lora exclude each other")
+        if self.quantize and not (self.lora and self.model):
+            raise CommandError(f"--quantize {self.quantize} trains LoRA adapters on --model loaded quantised: it needs "
+                               "--lora and --model (not --from-scratch)")  # fmt: skip
         if self.resume and self.overwrite:
             raise CommandError("--resume and --overwrite exclude each other")
         if self.seq_len < 2:

@@ -40,6 +40,13 @@ from .outputs import (
     saved_run_settings,
     validation_documents_path,
 )
+from .quantization import (
+    build_quantized_model,
+    check_no_adapters,
+    checkpoint_trainable_parameters_only,
+    push_adapters,
+    save_adapters,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +107,8 @@ def run(config: FinetuneConfig) -> int:
     accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers, project_dir=config.output_dir)
     check_sharding(accelerator)
     checkpoint = check_output_dir(config)
+    if config.quantize:
+        check_no_adapters(config)
     if config.lora and accelerator.distributed_type == DistributedType.FSDP:
         raise CommandError("--lora is not supported with FSDP: the adapters are merged into unsharded weights")
     tokenizer = load_tokenizer(config)
@@ -112,12 +121,17 @@ def run(config: FinetuneConfig) -> int:
 
     set_seed(config.seed)
     data = build_training_data(config, tokenizer, accelerator.num_processes)
-    model = build_model(config, model_config)
+    if config.quantize:
+        model = build_quantized_model(config, model_config, accelerator)
+    else:
+        model = build_model(config, model_config)
     optimizer = build_optimizer(model, config)
     scheduler = build_schedule(optimizer, config)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: accelerate would step a prepared schedule once per process; it is saved with the checkpoints.
     accelerator.register_for_checkpointing(scheduler)
+    if config.quantize:
+        checkpoint_trainable_parameters_only(accelerator)
 
     start_step = 0
     if checkpoint is not None:  # before anything is written: a checkpoint that cannot load leaves the run as it was
@@ -135,12 +149,16 @@ def run(config: FinetuneConfig) -> int:
         outcome = f"the final model was not saved; {resume_hint(config.output_dir)}"
         try:
             with reporting_write_failure("--output-dir", config.output_dir, outcome):
-                saved = save_final_model(accelerator, model, tokenizer, config.output_dir, config.save_dtype)
+                if config.quantize:  # merged into the quantised base, the adapters would be rounded to its precision
+                    saved = save_adapters(accelerator, model, tokenizer, config.output_dir)
+                else:
+                    saved = save_final_model(accelerator, model, tokenizer, config.output_dir, config.save_dtype)
         except KeyboardInterrupt as interrupt:
             raise interruption(interrupt, outcome) from None
-        accelerator.print(f"saved the model to {saved}")
+        accelerator.print(f"saved the {'adapters' if config.quantize else 'model'} to {saved}")
         if config.push_to_hub and accelerator.is_main_process:
-            accelerator.print(f"pushed to {push_to_hub(saved, config.push_to_hub)}")
+            push = push_adapters if config.quantize else push_to_hub
+            accelerator.print(f"pushed to {push(saved, config.push_to_hub)}")
     else:
         accelerator.print(f"stopped after step {config.stop_after_step}; continue with --resume")
     accelerator.end_training()
