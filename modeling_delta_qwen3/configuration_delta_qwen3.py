@@ -36,10 +36,13 @@ class DeltaQwen3Config(Qwen3Config):
             exactly what its Qwen3 source did. Delta modes only.
         routing_implementation (`str`, *optional*):
             What computes the routing, like `attn_implementation` for attention (settable in `from_pretrained`,
-            or on a model with `set_routing_implementation`; never saved): `"buffer"` (sources in one buffer,
-            backward written by hand), `"fla"` (flash-linear-attention's fused kernel, CUDA), `"compiled"`
-            (traceable by `torch.compile(fullgraph=True)`), `"reference"` (SPEC section 2 in plain PyTorch). By
-            default `"buffer"`, or `"compiled"` under `torch.compile` and gradient checkpointing.
+            or on a model with `set_routing_implementation`; never saved): `"fused"` (each routing point one
+            registered operation, Triton kernels on an NVIDIA GPU), `"buffer"` (sources in one buffer, backward
+            written by hand), `"compiled"` (traceable by `torch.compile(fullgraph=True)`), `"fla"`
+            (flash-linear-attention's fused kernel, CUDA), `"reference"` (SPEC section 2 in plain PyTorch). By
+            default (None) the one for the situation: `"compiled"` in layers that gradient checkpointing
+            recomputes; else `"fused"` on an NVIDIA GPU with Triton; else `"compiled"` under `torch.compile` and
+            `"buffer"` eagerly (SPEC section 3).
 
     ```python
     >>> from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
