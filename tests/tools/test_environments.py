@@ -46,7 +46,8 @@ def test_no_test_decides_on_a_missing_environment_itself():
     """Every test that looks for an environment does it through `require_environment`, so that none skips under
     `make test`."""
     helper = REPO_ROOT / "tests" / "helpers" / "environments.py"
-    own_checks = re.compile(r"\.installed\b|\b(VLLM_PYTHON|VLLM_PATH|FLA_PATH|OLDEST_PATH|NEWEST_TORCH_PATH)\b.*\.exists\(\)"
+    environments = r"\b(VLLM_PYTHON|VLLM_PATH|FLA_PATH|OLDEST_PATH|NEWEST_TORCH_PATH)\b"
+    own_checks = re.compile(rf"\.installed\b|{environments}.*\.exists\(\)"
                             r"|pytest\.(skip|mark\.skipif)\(.*(\.venv|`make test`)")
     deciding = [f"{path.relative_to(REPO_ROOT)}:{number}"
                 for path in sorted((REPO_ROOT / "tests").rglob("*.py")) if path not in (helper, Path(__file__))
