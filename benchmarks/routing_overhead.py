@@ -15,13 +15,13 @@ Six figures, each as a ratio to Qwen3 measured in the same process:
 the speeds timed for one variant at a time against Qwen3, in pairs so that drift on a shared machine cancels: a training
 step of each back to back, and a decoding model's forward passes alternating with Qwen3's one token at a time
 (the two sharing their common weights); medians over the pairs, and the geometric mean of that over both orders
-of building the two models (on the machine the README's table comes from, whichever model is built first runs
-up to 10 % faster). On the CPU, glibc is told to keep freed memory for reuse (`keep_freed_memory`;
+of building the two models (the order moves their speeds: benchmarks/README.md, "Spread between runs", says by how
+much). On the CPU, glibc is told to keep freed memory for reuse (`keep_freed_memory`;
 `--system-allocator` leaves its defaults).
 
     python benchmarks/routing_overhead.py --training-pairs 30  # the README's table (CPU, float32)
     python benchmarks/routing_overhead.py --device cuda --dtype bfloat16 --decode-shape qwen3-0.6b
-    python benchmarks/routing_overhead.py --quick             # a smoke run in a minute
+    python benchmarks/routing_overhead.py --quick             # a smoke run
     python benchmarks/routing_overhead.py --figures decoding --variants delta,delta+gate   # a part of the table
     python benchmarks/routing_overhead.py --figures compiled_training --variants delta_block,delta --training-pairs 20
     python benchmarks/routing_overhead.py --figures operations --variants delta_block,delta
@@ -131,9 +131,10 @@ def build(shape: dict, mode: str | None, gated: bool, settings: Settings, seed: 
 def keep_freed_memory() -> bool:
     """Has glibc's malloc keep freed memory for the next allocation, as PyTorch's CUDA caching allocator (or
     jemalloc and tcmalloc on CPU) does, instead of returning every block over 32 MB to the system and taking it
-    back one zero-filled page fault at a time at the next step. With glibc's defaults those faults cost Qwen3 alone
-    about 40 % of a training step on the README's machine, and any extra buffer adds more: the timings would
-    measure the allocator rather than the computation. Returns False where it does not apply (not glibc)."""
+    back one zero-filled page fault at a time at the next step. With glibc's defaults those faults take a large
+    share of Qwen3's own training step (benchmarks/README.md, "How it is timed"), and any extra buffer adds more:
+    the timings would measure the allocator rather than the computation. Returns False where it does not apply
+    (not glibc)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -280,7 +281,7 @@ def _paired_ratio(runs: dict[str, Callable[[], None]], repeats: int, warmup: int
 
 def _share_base_weights(first: torch.nn.Module, second: torch.nn.Module) -> None:
     """Makes `second` use `first`'s tensors for every weight the two have in common (Qwen3's), so that where the
-    weights lie in memory, which moves decoding speed at the 0.6B shape by up to 15 %, cannot favour either."""
+    weights lie in memory, which moves decoding speed at the 0.6B shape, cannot favour either."""
     weights, names = first.state_dict(), second.state_dict().keys()
     second.load_state_dict({name: weights[name] for name in names & weights.keys()}, strict=False, assign=True)
 

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from delta_qwen3.texts import chunks, token_stream
 
-# Windows per forward pass by default. On 2 CPU cores otherwise idle, 4 ran at the speed of one at a time and 16 at
-# 0.94 to 1.10 times it; with other processes on the cores, 4 ran 3 to 8 times as fast (benchmarks/README.md).
-# Accelerators are not measured: 16 assumes their usual headroom.
+# Windows per forward pass by default. On a CPU a few windows a pass cost nothing on an otherwise idle machine and,
+# on a loaded one, spare the threads much waiting for each other; on an accelerator one window rarely fills the
+# device, which is assumed, not measured. The figures: benchmarks/README.md, "Perplexity batching".
 DEFAULT_BATCH = {"cpu": 4, "accelerator": 16}
 LOGITS_BUDGET = 2**28  # logit values per forward pass that the default batch stays within (1 GiB in float32)
 

@@ -69,9 +69,9 @@ def resolve_implementation(requested: str | None, h0: torch.Tensor, checkpointin
     not: `requested` when it can, else a `ValueError` that says why. By default: the compiled one in layers that
     gradient checkpointing recomputes (the others write their sources in place); the fused operation where it runs
     Triton kernels (an NVIDIA GPU with Triton: one kernel per point, eager or compiled); elsewhere the buffer, or
-    the compiled one under `torch.compile`. fla's kernel only when asked for: on a GPU it measured slower than the
-    buffer and autotunes for every new number of sources. Checked here too: `from_pretrained` sets the field after
-    the model's own check."""
+    the compiled one under `torch.compile`. fla's kernel only when asked for: it autotunes for every new number of
+    sources, and trained slower than the buffer on a GPU (benchmarks/README.md, "On an H200"). Checked here too:
+    `from_pretrained` sets the field after the model's own check."""
     check_routing_implementation(requested)
     if requested is None:
         if checkpointing:

@@ -27,8 +27,9 @@ from delta_qwen3.interrupts import run_command
 
 from .corpus import write_corpus
 
-# About 65 MB of text from a 30 MB download. One format per package, so that no page is read twice (git-doc ships
-# each page as HTML and as text; nodejs-doc its API as HTML and as Markdown).
+# The documentation of seven packages (README.md's depth study on a GPU says how much text; DIR/manifest.json
+# records each package's bytes). One format per package, so that no page is read twice (git-doc ships each page as
+# HTML and as text; nodejs-doc its API as HTML and as Markdown).
 PACKAGES = ("cppreference-doc-en-html=.html", "libboost1.74-doc=.html", "perl-doc=.pod", "postgresql-doc-15=.html",
             "python-django-doc=.html", "nodejs-doc=.html", "git-doc=.txt")  # fmt: skip
 SKIPPED_ELEMENTS = {"script", "style"}  # code and styling, not text

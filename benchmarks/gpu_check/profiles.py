@@ -33,8 +33,9 @@ CHECK_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hi
 
 GPU = Profile(
     device="cuda",
-    # Measured on an H200: fla's kernels autotune for a minute per dtype on first use (implementations); compiling
-    # a training step of the 0.6B shape takes one to two minutes per model (performance).
+    # Room for what takes long on first use: fla's kernels autotune per dtype (implementations), and compiling a
+    # training step of the 0.6B shape takes minutes per model (performance); benchmarks/README.md's runs on an H200
+    # have the times.
     budgets=dict(implementations=150, attention=20, compile=85, performance=330, learning=60, serving=30),
     check_shape=CHECK_SHAPE | dict(hidden_size=256, intermediate_size=512, head_dim=64, num_hidden_layers=6),
     check_tokens=(2, 64),
@@ -63,12 +64,14 @@ REHEARSAL = Profile(
     decode=(8, 3, 1),
     graph_decode=(8, 3, 1),
     op_calls=1,
-    # Dynamo's tracing of the whole graph (fullgraph) alone: on 2 CPU cores AOTAutograd and inductor take a minute.
+    # Dynamo's tracing of the whole graph (what fullgraph checks) alone: the code AOTAutograd and inductor generate
+    # is the GPU run's to check, and slow to generate on a CPU.
     compile_backend="eager",
     compile_modes=("delta_block",),
     learning=dict(steps=20, warmup=2, lr=1e-2, batch=4, seq_len=32,
                   model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=16)),
-    # Tiny operations on a loaded machine: a second thread costs waiting for it (seven times slower on 2 cores).
+    # Tiny operations on a loaded machine: a second thread costs more waiting for it than it computes
+    # (benchmarks/README.md, "Rehearsal").
     threads=1,
     compiled_variants=("delta_block",),
 )
