@@ -151,28 +151,24 @@ def commands() -> dict[str, tuple[argparse.ArgumentParser, list[str]]]:
 # --- where SPEC says it -------------------------------------------------------------------------------------------
 
 
+def not_named(kind: str, name: str) -> list[str]:
+    """Where a routing mode or implementation `name` must be named and is not: SPEC section 3 and the
+    configuration's docstring."""
+    places = {"SPEC section 3": spec_sections()["3"], "DeltaQwen3Config's docstring": DeltaQwen3Config.__doc__}
+    return [f"{kind} {name}: not in {where}" for where, text in places.items() if not quoted(text, name)]
+
+
 def undocumented_modes() -> list[str]:
-    sections, docstring = spec_sections(), DeltaQwen3Config.__doc__
     missing = []
     for mode in ROUTING_MODES:
-        if f'routing_mode = "{mode}"' not in sections["2"]:
+        if f'routing_mode = "{mode}"' not in spec_sections()["2"]:
             missing.append(f"routing mode {mode}: no formula in SPEC section 2")
-        if not quoted(sections["3"], mode):
-            missing.append(f"routing mode {mode}: not in SPEC section 3")
-        if not quoted(docstring, mode):
-            missing.append(f"routing mode {mode}: not in DeltaQwen3Config's docstring")
+        missing += not_named("routing mode", mode)
     return missing
 
 
 def undocumented_implementations() -> list[str]:
-    sections, docstring = spec_sections(), DeltaQwen3Config.__doc__
-    missing = []
-    for name in IMPLEMENTATIONS:
-        if not quoted(sections["3"], name):
-            missing.append(f"routing implementation {name}: not in SPEC section 3")
-        if not quoted(docstring, name):
-            missing.append(f"routing implementation {name}: not in DeltaQwen3Config's docstring")
-    return missing
+    return [line for name in IMPLEMENTATIONS for line in not_named("routing implementation", name)]
 
 
 def undocumented_fields() -> list[str]:
