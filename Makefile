@@ -10,9 +10,9 @@ PY := $(VENV)/bin/python
 OLDEST := .venv-oldest
 OLDEST_TORCH := torch==2.6.0
 # The main environment's torchao does not import under PyTorch 2.6, and Transformers imports it whenever it is
-# installed: 0.15, the oldest that Transformers 5.5 quantises with, imports there and is put first.
+# installed: 0.16, the oldest that PEFT 0.21 takes (Transformers 5.5 takes 0.15), imports there and is put first.
 OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.2 kernels==0.12.3 \
-	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna torchao==0.15.0
+	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna torchao==0.16.0
 # The tests that the oldest and the newest PyTorch run too are chosen by marker (setup.cfg): `both_ends` for the
 # model's own (its maths and routing against the spec and the reference, outputs, decoding, configuration, remote
 # code), `oldest_end` and `newest_end` for those that matter at one end only.
