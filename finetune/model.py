@@ -160,9 +160,9 @@ def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTr
 def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) -> PeftModel:
     """Wrap `model` with LoRA adapters on the base's linear layers; routing parameters train in full.
 
-    The routing parameters are made trainable in place rather than through `modules_to_save`: PEFT's wrapper would
-    keep a trained copy beside the original, which the routing code (reading the points' parameters, never calling
-    their `forward`) would not see. In place, `merge_and_unload` keeps them as they are, with their ordinary names.
+    The routing parameters are made trainable in place, so that a checkpoint and the merged model hold them under
+    their ordinary names. (`--quantize` trains them through PEFT's `modules_to_save` instead, whose wrapper hands the
+    routing code its trained copy, so that its saved adapters hold them: `quantization.py`.)
     """
     lora_config = LoraConfig(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"
