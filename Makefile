@@ -15,8 +15,9 @@ OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.
 	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1 certifi idna torchao==0.16.0
 # The tests that the oldest and the newest PyTorch run too are chosen by marker (setup.cfg): `both_ends` for the
 # model's own (its maths and routing against the spec and the reference, outputs, decoding, configuration, remote
-# code), `oldest_end` and `newest_end` for those that matter at one end only.
-END_TEST_DIRS := tests/model tests/routing tests/serving
+# code; and QLoRA fine-tuning, where Transformers, PEFT and bitsandbytes meet), `oldest_end` and `newest_end` for those
+# that matter at one end only.
+END_TEST_DIRS := tests/model tests/routing tests/serving tests/finetuning/test_quantized_finetuning.py
 OLDEST_TESTS := -m "both_ends or oldest_end" $(END_TEST_DIRS)
 NEWEST_TORCH := .venv-torch-2.15
 NEWEST_TORCH_PACKAGES := torch==2.15.0

@@ -74,6 +74,7 @@ def validation_loss(model, argv: list[str]) -> float:
     return loss_and_perplexity(validation_nll(model.eval(), blocks, config.batch_size, 0, 1, "cpu"))["val_loss"]
 
 
+@pytest.mark.both_ends  # Transformers 5.5 and PEFT, PyTorch 2.6 and 2.15 too
 @pytest.mark.parametrize("bits", BITS)
 def test_validation_leaves_the_quantised_model_training_as_before(qlora_checkpoint, jsonl_corpus, tmp_path, bits):
     """A validation pass (eval mode, no gradients) between two training steps changes none of the gradients: on the
@@ -100,6 +101,7 @@ def test_validation_leaves_the_quantised_model_training_as_before(qlora_checkpoi
     assert all(gradient.abs().sum() > 0 for name, gradient in before.items() if "lora_B" in name)
 
 
+@pytest.mark.both_ends  # Transformers 5.5 and PEFT, PyTorch 2.6 and 2.15 too
 @pytest.mark.parametrize("bits", BITS)
 def test_qlora_trains_adapters_and_routing_in_float32_and_they_load_onto_quantised_and_full_bases(
     tmp_path, jsonl_corpus, tokenizer, bits
@@ -133,6 +135,7 @@ def test_qlora_trains_adapters_and_routing_in_float32_and_they_load_onto_quantis
     assert validation_loss(full.merge_and_unload(), argv) == pytest.approx(validation_loss(full, argv), abs=1e-5)
 
 
+@pytest.mark.both_ends  # Transformers 5.5 and PEFT, PyTorch 2.6 and 2.15 too
 def test_qlora_resumes_to_the_same_adapters(tmp_path, jsonl_corpus, qlora_checkpoint):
     common = ("--model", str(qlora_checkpoint), "--lora", "--quantize", "4bit", "--max-steps", "5", "--save-every",
               "2", "--eval-every", "100")  # fmt: skip
