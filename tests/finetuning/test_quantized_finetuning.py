@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from accelerate import Accelerator
 from helpers.training import log_lines, save_tiny_delta, tiny_run_args
 from peft import PeftModel
 from safetensors.torch import load_file
-from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import finetune
@@ -21,8 +21,6 @@ from finetune.data import build_training_data
 from finetune.evaluation import loss_and_perplexity, validation_nll
 from finetune.model import build_model_config
 from finetune.quantization import build_quantized_model, quantization_config
-
-pytest.importorskip("bitsandbytes")
 
 BITS = ("4bit", "8bit")
 # bitsandbytes' CPU kernel for 4-bit inference takes layers whose inputs are whole blocks of 64 (Qwen3's are): the

@@ -7,16 +7,15 @@ Qwen3 source computes. On the CPU, bitsandbytes runs its CPU backend."""
 
 import json
 
+import bitsandbytes  # noqa: F401  (test dependencies, setup.cfg's `quantization` extra: missing, these tests fail)
 import pytest
 import torch
+import torchao  # noqa: F401
 from helpers.models import MODES, save_random_delta, save_tiny_qwen3
 from helpers.running import last_json_line, run_without_project
 
 from conversion import convert
 from modeling_delta_qwen3.routing_modes import ROUTING_MODES
-
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("torchao")
 
 pytestmark = [pytest.mark.both_ends, pytest.mark.slow]
 
