@@ -51,7 +51,7 @@ try:  # the routing operation's kernels, where Triton is installed
 except ImportError:
     pass
 from .routing_points import RoutingPoint
-from .routing_reference import depth_mix  # noqa: F401
+from .routing_reference import ReferenceSources  # noqa: F401
 from .routing_modes import ROUTING_MODES, DepthState
 from .routing_sources import Implementation  # noqa: F401
 from .routing import check_routing_implementation, plan_routing

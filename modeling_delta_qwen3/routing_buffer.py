@@ -194,8 +194,8 @@ class _ManyTokenStorage:
 
     def _coefficients(self, sources: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A reused buffer for the mixture's coefficients `gamma alpha_j`, as written `[sources, tokens]` and as
-        read `[tokens, 1, sources]`: contiguous for the batched product, whose per-token weights make it 15-25x
-        slower on CPU when strided."""
+        read `[tokens, 1, sources]`: contiguous for the batched product, which takes a much slower path on the CPU
+        when its per-token weights are strided."""
         if sources not in self._coefficient_buffers:
             tokens = self.shape[:-1].numel()
             by_token = self._coefficient_scratch[: tokens * sources].view(tokens, 1, sources)

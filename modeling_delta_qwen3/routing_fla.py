@@ -29,8 +29,9 @@ def fla_depth_mix(
     residual: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`routing_reference.depth_mix` through the fused kernel; the residual and gate are applied around it. The
-    kernel takes a query and a norm weight: `w` already holds both, so its norm weight is ones."""
+    """`residual + gate * mix_p` over `sources` kept apart, and the routing weights `[tokens, n]`, through the fused
+    kernel; the residual and gate are applied around it. The kernel takes a query and a norm weight: `w` already
+    holds both, so its norm weight is ones."""
     mix, weights = fused_attnres(w, sources, torch.ones_like(w), rms_eps=eps, return_weights=True)
     return gated_residual(mix, residual, gate), weights.reshape(len(sources), -1).T
 
@@ -38,4 +39,7 @@ def fla_depth_mix(
 class FlaSources(SourceList):
     """The sources as separate tensors, each routing point one call of the fused kernel."""
 
-    mixture = staticmethod(fla_depth_mix)
+    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `routing_sources.Sources.route`."""
+        tensors = self.tensors if own_source is None else [*self.tensors, own_source]
+        return fla_depth_mix(tensors, point.w, self.eps, residual=residual, gate=point.gate)

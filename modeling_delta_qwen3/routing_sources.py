@@ -85,11 +85,8 @@ class Implementation:
 
 
 class SourceList:
-    """The sources of one forward pass as a list of tensors, each routing point calling `mixture` over them (and
-    over `own_source`, a source that point alone reads): a function of `routing_reference.depth_mix`'s signature, which
-    each subclass sets."""
-
-    mixture: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    """The sources of one forward pass as a list of tensors, for the implementations that keep them apart; each
+    subclass routes a point over them (`route`)."""
 
     def __init__(self, h0: torch.Tensor, plan, table):
         self.eps = plan.eps
@@ -97,11 +94,6 @@ class SourceList:
 
     def append(self, x: torch.Tensor) -> None:
         self.tensors.append(x)
-
-    def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`residual + gamma * mix` (see `Sources.route`) and the routing weights `[tokens, n_sources]`."""
-        tensors = self.tensors if own_source is None else [*self.tensors, own_source]
-        return self.mixture(tensors, point.w, self.eps, residual=residual, gate=point.gate)
 
     def carried(self) -> list[torch.Tensor]:
         """The tensors routed over (see `DepthState.carried`)."""

@@ -1,6 +1,6 @@
 """The Triton kernels of `torch.ops.delta_qwen3.route` (`modeling_delta_qwen3/routing_triton.py`), run on CPU tensors
 by Triton's interpreter: against the operation's PyTorch code and against SPEC section 2's formula written out
-(`routing_reference.depth_mix`, through autograd), forward and backward, alone and through the model in every mode.
+(`routing_reference.route`, through autograd), forward and backward, alone and through the model in every mode.
 `tests/routing/test_fused_kernel.py` runs this script in a fresh interpreter with `.venv-fla` (which holds Triton)
 on PYTHONPATH and asserts what it prints as one JSON line: relative errors (largest absolute difference over the
 largest absolute expected value), per comparison and dtype.
@@ -31,7 +31,7 @@ from helpers.models import VARIANTS, random_model, token_ids  # noqa: E402
 
 from modeling_delta_qwen3 import routing_fused, routing_op, routing_triton  # noqa: E402
 from modeling_delta_qwen3.routing_fused import GROUP_OPERATIONS_BYTES  # noqa: E402
-from modeling_delta_qwen3.routing_reference import depth_mix  # noqa: E402
+from modeling_delta_qwen3 import routing_reference  # noqa: E402
 
 EPS = 1e-6
 MISTAKES = {  # in the kernels every point calls, and in those of grouped reads only
@@ -95,13 +95,13 @@ def op_case(kernels, dtype, count: int, own_source: bool, gate: bool, residual: 
     if residual:
         leaves["residual"] = inputs["residual"].clone().requires_grad_()
     full = {**inputs, **leaves}
-    sources = list(full["sources"].unbind(0)) + ([full["own_source"]] if own_source else [])
-    formula_out, formula_weights = depth_mix(sources, full["w"], EPS, residual=full["residual"], gate=full["gate"])
+    formula_out, formula_weights = routing_reference.route(full["sources"], count, full["own_source"], full["w"],
+                                                           full["gate"], full["residual"], EPS)  # fmt: skip
     formula_grads = dict(zip(leaves, torch.autograd.grad(formula_out, list(leaves.values()), grad_out)))
     errors = {
         "out_vs_torch": relative_error(out, torch_out),
         "out_vs_formula": relative_error(out, formula_out),
-        "weights_vs_formula": relative_error(weights.reshape(-1, weights.shape[-1]), formula_weights),
+        "weights_vs_formula": relative_error(weights, formula_weights),
     }
     for name in names:
         if name == "w" and count + own_source == 1:
@@ -142,7 +142,7 @@ def grouped_case(kernels, dtype, start: int, count: int, own_source: bool, gate:
         grad_pre, grad_w_group = partial_backward(grad_mix, grad_logits, buffer[:start], start, w_group, mix,
                                                   group_logits, EPS)
         results[name] = {
-            "out": out, "weights": weights.reshape(-1, weights.shape[-1]),
+            "out": out, "weights": weights,
             "grad_sources": torch.cat([grad_pre, grads[0]]), "grad_w": grad_w_group[point] + grads[2],
             "grad_w_other_points": grad_w_group[[0, 2]],
             **({"grad_own_source": grads[1]} if own_source else {}), **({"grad_gate": grads[3]} if gate else {}),
@@ -153,8 +153,8 @@ def grouped_case(kernels, dtype, start: int, count: int, own_source: bool, gate:
         leaves["own_source"] = own.clone().requires_grad_()
     if gate:
         leaves["gate"] = gate_value.clone().requires_grad_()
-    formula_out, formula_weights = depth_mix(list(sources.unbind(0)) + ([leaves["own_source"]] if own_source else []),
-                                             leaves["w"], EPS, residual=residual, gate=leaves.get("gate"))  # fmt: skip
+    formula_out, formula_weights = routing_reference.route(sources, count, leaves.get("own_source"), leaves["w"],
+                                                           leaves.get("gate"), residual, EPS)  # fmt: skip
     formula_grads = torch.autograd.grad(formula_out, list(leaves.values()), grad_out)
     formula = dict(zip([f"grad_{k}" for k in leaves], formula_grads))
     formula |= {"out": formula_out, "weights": formula_weights, "grad_w_other_points": torch.zeros(2, hidden)}

@@ -24,7 +24,7 @@ from helpers.running import isolated_env
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from modeling_delta_qwen3 import routing, routing_op
-from modeling_delta_qwen3.routing_reference import depth_mix
+from modeling_delta_qwen3 import routing_reference
 
 KERNEL_SCRIPT = Path(__file__).with_name("fused_kernel_on_cpu.py")
 COMPILE_SCRIPT = Path(__file__).with_name("kernels_for_gpu.py")
@@ -96,16 +96,16 @@ def test_grouped_reads_pass_opcheck(dtype, own_source):
 
 def test_grouped_reads_are_the_formula_over_all_the_sources_forward_and_backward():
     """A point that merges its group's partial mixture with the sources read after it computes what it would over
-    all of them (float64, through autograd, the formula written out by `routing_reference.depth_mix`)."""
+    all of them (float64, through autograd, the formula written out by `routing_reference.route`)."""
     partial_inputs, route_inputs = grouped_inputs(torch.float64, own_source=True)
     sources, _, w_group, eps = partial_inputs
     _, count, own, w, gate, residual, _, start, _, _ = route_inputs
     w = w_group[1]  # the point's query is its row of the group's
     mix, group_logits = routing_op.route_partial(sources, start, w_group, eps)
     out, weights = routing_op.route(sources, count, own, w, gate, residual, eps, start, mix[1], group_logits[1])
-    expected_out, expected_weights = depth_mix([*sources.unbind(0), own], w, eps, residual=residual, gate=gate)
+    expected_out, expected_weights = routing_reference.route(sources, count, own, w, gate, residual, eps)
     torch.testing.assert_close(out, expected_out, atol=1e-12, rtol=1e-12)
-    torch.testing.assert_close(weights.reshape(-1, 5), expected_weights, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=1e-12)
     grad_out = torch.randn_like(out)
     leaves = [sources, own, w_group, gate, residual]
     got = torch.autograd.grad(out, leaves, grad_out)

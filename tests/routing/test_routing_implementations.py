@@ -1,4 +1,4 @@
-"""Every routing implementation against `routing_reference.depth_mix`, SPEC section 2's mix_p in plain PyTorch,
+"""Every routing implementation against `routing_reference.route`, SPEC section 2's mix_p in plain PyTorch,
 in every mode: logits, routing weights, loss and every parameter's gradient, in float64 (to 1e-12, where only
 summation order differs) and float32 (to 1e-5; to 5e-5 in `attnres_full`, whose replacement routing over up to
 eleven sources without a residual stream amplifies float32 rounding: 3.5e-5 at most in its embedding's gradient,
@@ -12,9 +12,15 @@ from helpers.models import VARIANTS, random_model, token_ids
 from helpers.routing_runs import assert_all_close, run
 from helpers.spec_reference import mix as spec_mix
 
-from modeling_delta_qwen3 import DeltaQwen3ForCausalLM, routing, routing_fused, routing_points
+from modeling_delta_qwen3 import (
+    DeltaQwen3ForCausalLM,
+    routing,
+    routing_fused,
+    routing_op,
+    routing_points,
+    routing_reference,
+)
 from modeling_delta_qwen3 import modeling_delta_qwen3 as modeling
-from modeling_delta_qwen3.routing_reference import depth_mix
 
 pytestmark = pytest.mark.both_ends
 
@@ -29,24 +35,59 @@ def use_reference(model) -> None:
     model.set_routing_implementation("reference")
 
 
-def test_reference_is_the_spec_formula():
-    """`depth_mix` is SPEC section 2's mix_p, with the residual and gate around it, and weights `[tokens, n]`."""
+# A routing point computed by one call of the fast path's signature (`routing_op.route`): the reference, and the
+# registered operation (here its PyTorch code; its Triton kernels in `test_fused_kernel.py`).
+ROUTE_FUNCTIONS = {"reference": routing_reference.route, "operation": routing_op.route}
+
+
+def point_inputs(own_source: bool, gate: bool, residual: bool) -> tuple:
+    """`route`'s inputs in float64: a buffer of 5 slots of which the first 4 are read, `[2, 3, 8]` tokens each."""
     generator = torch.Generator().manual_seed(0)
-    sources = [torch.randn(2, 3, 8, generator=generator, dtype=torch.float64) for _ in range(4)]
-    query, norm_weight = torch.randn(8, generator=generator, dtype=torch.float64), torch.rand(8, dtype=torch.float64)
-    residual, gate = torch.randn(2, 3, 8, dtype=torch.float64), torch.tensor(0.7, dtype=torch.float64)
+
+    def random(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+    return (random(5, 2, 3, 8), 4, random(2, 3, 8) if own_source else None, random(8),
+            torch.tensor([0.7], dtype=torch.float64, requires_grad=True) if gate else None,
+            random(2, 3, 8) if residual else None, 1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ROUTE_FUNCTIONS)
+@pytest.mark.parametrize("own_source,gate,residual", [(False, False, False), (True, False, False), (False, True, True),
+                                                      (True, True, False)])  # fmt: skip
+def test_a_routing_point_is_the_spec_formula(name, own_source, gate, residual):
+    """SPEC section 2's mix_p written loop by loop, with the gate and residual around it: the routed output, and
+    the routing weights `[*tokens, n]` over the slots read and then the point's own source."""
+    inputs = point_inputs(own_source, gate, residual)
+    sources, count, own, w, gate_value, residual_value, eps = inputs
     point = torch.nn.Module()
-    point.query, point.norm = query, torch.nn.Module()
-    point.norm.weight = norm_weight
+    point.query, point.norm = w.detach(), torch.nn.Module()
+    point.norm.weight = torch.ones(8, dtype=torch.float64)
+    read = [*sources[:count].detach().unbind(0), *([own.detach()] if own_source else [])]
     log = []
-    expected = spec_mix(point, sources, 1e-6, log)
-    mix, weights = depth_mix(sources, query * norm_weight, 1e-6)
-    torch.testing.assert_close(mix, expected, atol=1e-14, rtol=0)
-    torch.testing.assert_close(weights, log[0].reshape(6, 4), atol=1e-14, rtol=0)
-    routed, _ = depth_mix(sources, query * norm_weight, 1e-6, residual=residual, gate=gate)
-    torch.testing.assert_close(routed, residual + 0.7 * expected, atol=1e-14, rtol=0)
-    gated, _ = depth_mix(sources, query * norm_weight, 1e-6, gate=gate)
-    torch.testing.assert_close(gated, 0.7 * expected, atol=1e-14, rtol=0)
+    expected = spec_mix(point, read, eps, log)
+    if gate:
+        expected = 0.7 * expected
+    if residual:
+        expected = residual_value.detach() + expected
+    with torch.no_grad():
+        routed, weights = ROUTE_FUNCTIONS[name](*inputs)
+    torch.testing.assert_close(routed, expected, atol=1e-14, rtol=0)
+    torch.testing.assert_close(weights, log[0].reshape(2, 3, len(read)), atol=1e-14, rtol=0)
+
+
+@pytest.mark.parametrize("name", [name for name in ROUTE_FUNCTIONS if name != "reference"])
+@pytest.mark.parametrize("own_source,gate,residual", [(False, False, False), (True, True, True)])
+def test_a_routing_point_has_the_reference_gradients(name, own_source, gate, residual):
+    """Every input's gradient against autograd through the reference, the unread slot's zero."""
+    inputs = point_inputs(own_source, gate, residual)
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor)]
+    grad_out = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    expected = torch.autograd.grad(routing_reference.route(*inputs)[0], leaves, grad_out)
+    got = torch.autograd.grad(ROUTE_FUNCTIONS[name](*inputs)[0], leaves, grad_out)
+    assert not got[0][4].any()
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
