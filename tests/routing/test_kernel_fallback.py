@@ -15,6 +15,8 @@ from torch._library.custom_ops import OPDEFS
 
 from modeling_delta_qwen3 import routing_fused, routing_op
 
+pytestmark = pytest.mark.both_ends
+
 OPERATIONS = ("route", "route_backward", "route_partial", "route_partial_backward")
 GPU = "Imaginary GPU (compute capability 12.1)"
 
