@@ -6,7 +6,7 @@ from modeling_delta_qwen3 import DeltaQwen3Config
 from modeling_delta_qwen3.routing_modes import ROUTING_MODES
 
 from .converter import convert
-from .hub import push_to_hub
+from .hub import check_publishable, push_to_hub
 from .source import open_source
 from .target_config import OUTPUT_DTYPES, cast_caveat, is_function_preserving
 from .verify import verify
@@ -18,6 +18,8 @@ def _hub_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    if args.push_to_hub:
+        check_publishable(args.push_to_hub, "--push-to-hub", args.token)
     out = convert(
         args.src,
         args.out,

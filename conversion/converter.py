@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 
 from delta_qwen3.atomic import staged_directory
-from delta_qwen3.output_paths import reporting_write_failure
+from delta_qwen3.output_paths import output_lock, reporting_write_failure
 
 from .model_card import card_license, conversion_description, write_model_card
 from .output_dir import check_not_nested, check_target
@@ -54,6 +54,14 @@ def convert(
     if Path(src).expanduser().is_dir():
         check_not_nested(Path(src).expanduser(), out)  # first: --overwrite cannot help there
     check_target(out, overwrite)  # before a possibly long download
+    with output_lock("OUT", out):  # another conversion into OUT is refused until this one ends
+        return _convert(src, out, mode=mode, num_blocks=num_blocks, gate=gate, dtype=dtype, overwrite=overwrite,
+                        revision=revision, token=token, cache_dir=cache_dir, model_id=model_id)
+
+
+def _convert(src: str | Path, out: Path, *, mode: str, num_blocks: int | None, gate: bool | None,
+             dtype: str | torch.dtype | None, overwrite: bool, revision: str | None, token: str | None,
+             cache_dir: str | Path | None, model_id: str | None) -> Path:  # fmt: skip
     source = open_source(src, revision=revision, token=token, cache_dir=cache_dir)
     if source.repo_id is not None:
         check_not_nested(source.path, out)  # where a download lies is known only now

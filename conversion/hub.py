@@ -3,8 +3,10 @@
 import json
 from pathlib import Path
 
+import huggingface_hub
+import huggingface_hub.constants
 from huggingface_hub import CommitOperationAdd, HfApi
-from huggingface_hub.utils import filter_repo_objects
+from huggingface_hub.utils import HFValidationError, filter_repo_objects, validate_repo_id
 from transformers.dynamic_module_utils import get_relative_imports
 
 from delta_qwen3.checkpoints import loading
@@ -54,6 +56,22 @@ def check_delta_checkpoint(directory: Path) -> DeltaQwen3Config:
     if missing:
         raise CommandError(f"DIR {directory} lacks the model code for trust_remote_code ({', '.join(missing)})")
     return config
+
+
+def check_publishable(repo_id: str, option: str, token: str | None = None) -> None:
+    """Refuse, before a long conversion or training run, a publication that cannot happen at its end: a repository
+    id that is not `namespace/name`, the Hub switched off (`HF_HUB_OFFLINE`), or no token to publish with."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise CommandError(f"{option} {repo_id} is not a Hub repository id of the form namespace/name ({error})") \
+            from None
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise CommandError(f"{option} {repo_id}: HF_HUB_OFFLINE is set, so nothing can be published; unset it, or "
+                           "publish later with `delta-qwen3 push`")  # fmt: skip
+    if (token or huggingface_hub.get_token()) is None:
+        raise CommandError(f"{option} {repo_id} needs a Hub token to publish with: log in with `hf auth login`, set "
+                           "HF_TOKEN, or pass --token where the command has it")  # fmt: skip
 
 
 def folder_operations(directory: Path, card: str | None = None) -> list[CommitOperationAdd]:

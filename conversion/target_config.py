@@ -4,6 +4,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from delta_qwen3.errors import CommandError
+from delta_qwen3.model_shapes import check_model_fields, check_model_shape
 from modeling_delta_qwen3 import DeltaQwen3Config
 from modeling_delta_qwen3.routing_modes import GATEABLE_MODES
 
@@ -62,10 +63,12 @@ def delta_config(qwen3_config: dict, mode: str, num_blocks: int | None, gate: bo
     if num_blocks is None:
         num_blocks = default_num_blocks(qwen3_config)
     fields = {key: value for key, value in qwen3_config.items() if key not in _FILE_KEYS}
+    check_model_fields(fields, "cannot convert to DeltaQwen3: the source's config.json")
     try:
         config = DeltaQwen3Config(**fields, routing_mode=mode, routing_num_blocks=num_blocks, routing_gate=gate)
     except (ValueError, TypeError, StrictDataclassError) as error:
         raise CommandError(f"cannot convert to DeltaQwen3: {' '.join(str(error).split())}")  # one line
+    check_model_shape(config, "cannot convert to DeltaQwen3: the source's config.json")
     config.architectures = [delta_architecture(qwen3_config)]
     config.dtype = dtype
     return config

@@ -36,13 +36,13 @@ def verify(
     cache_dir: str | Path | None = None,
 ) -> float:
     """The largest absolute logit difference between the Qwen3 checkpoint `src` and its conversion `out` on a
-    fixed random probe batch. The converted model is loaded as a user would, with `trust_remote_code=True`.
+    fixed random probe batch. Both load with the installed classes (no code that either checkpoint ships runs).
     0 (or rounding noise) for gated delta modes; large for AttnRes modes and ungated conversions."""
     src_path, _ = resolve_source(src, revision, token, cache_dir)
     source_config = json.loads((src_path / "config.json").read_text())
     architecture = delta_architecture(source_config)
     auto_class = next(auto for auto, model in AUTO_CLASSES.items() if model.__name__ == architecture)
     input_ids = torch.randint(source_config["vocab_size"], PROBE_SHAPE, generator=torch.Generator().manual_seed(0))
-    expected = probe_logits(auto_class, src_path, input_ids, device)
-    converted = probe_logits(auto_class, Path(out), input_ids, device, trust_remote_code=True)
+    expected = probe_logits(auto_class, src_path, input_ids, device, trust_remote_code=False)
+    converted = probe_logits(auto_class, Path(out), input_ids, device, trust_remote_code=False)
     return (converted - expected).abs().max().item()

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from glob import escape
 from pathlib import Path
 
+from .interrupts import deferred_interrupts
 from .jsonl import json_text
 
 logger = logging.getLogger(__name__)
@@ -109,36 +110,67 @@ def staging_path(target: Path) -> Path:
     return _sibling(target, STAGING_MARK, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def _missing_parents(target: Path) -> list[Path]:
+    """The directories above `target` that do not exist yet, deepest first: made for a write, and removed with
+    what it left when it does not finish."""
+    return [parent for parent in target.parents if not parent.exists()]
+
+
+def _discard(path: Path | None, made: list[Path]) -> None:
+    """Remove what an unfinished write left: its temporary file or directory `path`, and the directories `made` for
+    it while they hold nothing else; a second interrupt waits until this is done."""
+    with deferred_interrupts():
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else \
+                path.unlink(missing_ok=True)  # fmt: skip
+        for parent in made:
+            try:
+                parent.rmdir()
+            except OSError:  # it holds something (or is gone): so do those above it
+                break
+
+
 @contextmanager
 def atomic_output(target: Path) -> Iterator[Path]:
-    """Yield a temporary file path beside `target`; rename it onto `target` when the block succeeds, remove it if
-    not."""
+    """Yield a temporary file path beside `target`; rename it onto `target` when the block succeeds, remove it (and
+    the directories made for it) if not. Everything is inside one `try` from the moment the first directory is
+    made, so that an interrupt at any instant leaves nothing behind."""
     target = _written_path(target)
-    temporary = staging_path(target)
+    made, temporary, done = _missing_parents(target), None, False
     try:
+        temporary = staging_path(target)
         yield temporary
         _flush_to_disk(temporary)
-        os.replace(temporary, target)
-        _flush_directory(target.parent)
+        with deferred_interrupts():  # the output is in place once renamed: nothing after it undoes that
+            os.replace(temporary, target)
+            done = True
+            _flush_directory(target.parent)
     finally:
-        temporary.unlink(missing_ok=True)
+        if not done:
+            _discard(temporary, made)
 
 
 @contextmanager
 def staged_directory(target: Path, *, replace: bool = True) -> Iterator[Path]:
     """Yield a new empty directory beside `target`; when the block succeeds it replaces `target`
     (`replace_directory`), or, unless `replace`, takes its place only if there is none or an empty directory (see
-    `move_into_place`). On any error or interrupt it is removed and `target` is left as it was."""
+    `move_into_place`). On any error or interrupt it is removed (with the directories made for it) and `target` is
+    left as it was: the directory is made inside the `try` that removes it, so that no instant separates its
+    existence from its cleanup, and the renames that put it in place finish before an interrupt is delivered."""
     target = _written_path(target)
-    staging = staging_path(target)
-    staging.mkdir()
+    made, staging, done = _missing_parents(target), None, False
     try:
+        staging = staging_path(target)
+        staging.mkdir()
         yield staging
         _flush_to_disk(staging)
-        replace_directory(staging, target) if replace else move_into_place(staging, target)
-        _flush_directory(target.parent)
+        with deferred_interrupts():
+            replace_directory(staging, target) if replace else move_into_place(staging, target)
+            done = True
+            _flush_directory(target.parent)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not done:
+            _discard(staging, made)
         raise
 
 

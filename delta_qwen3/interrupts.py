@@ -9,7 +9,8 @@ both unwind through that cleanup (`except BaseException` / `finally` blocks) bef
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from .errors import CommandError
 
@@ -78,3 +79,24 @@ def run_command(program: str, command: Callable[[], int | None]) -> int:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while the block runs, and are delivered as it ends (to the handlers that were in place:
+    `run_command`'s raises `Interrupted`): for the few steps that must not stop half-way, such as removing what an
+    interrupted write left, or the renames that put an output in place. Only the main thread receives signals;
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {number: signal.signal(number, lambda signum, frame: received.append(signum))
+                for number in HANDLED_SIGNALS}  # fmt: skip
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)

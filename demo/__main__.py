@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from delta_qwen3.devices import resolve_device
 from delta_qwen3.interrupts import run_command
 
 from .journey import DemoSettings, run_journey
@@ -31,7 +32,7 @@ def parse_settings(argv: list[str] | None = None) -> DemoSettings:
         data=args.data,
         steps=args.steps,
         pretrain_steps=args.pretrain_steps,
-        device=args.device,
+        device=resolve_device(args.device),  # checked before the first step, which pre-trains or converts
         seq_len=args.seq_len,
         num_blocks=args.num_blocks or (4 if args.base else 2),
     )

@@ -15,24 +15,41 @@ EXPORT_DATA = "export-data"
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
 def _batch_size(text: str) -> int | str:
-    return text if text.startswith("auto") else _positive_int(text)
+    """A positive number of documents, or lm-eval's `auto` (the largest that fits) or `auto:N` (found again N
+    times)."""
+    if text.startswith("auto"):
+        times = text.removeprefix("auto").removeprefix(":")
+        if text != "auto" and not (text.startswith("auto:") and times.isdigit() and int(times) >= 1):
+            raise argparse.ArgumentTypeError(f"must be a positive integer, auto or auto:N (N at least 1), got {text}")
+        return text
+    return _positive_int(text)
 
 
-def _default_device() -> str:
-    import torch
+def _resolved_device(args: argparse.Namespace) -> str:
+    from delta_qwen3.devices import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device(args.device)
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROUTING_WINDOW = 1024  # routing's default window; a model with fewer positions is read in windows of its own size
+TRUST_HELP = ("run Python code that a checkpoint ships (auto_map in its config.json or tokenizer_config.json), as "
+              "Transformers' trust_remote_code=True does; DeltaQwen3 and Qwen3 checkpoints load with the installed "
+              "classes without it")  # fmt: skip
+
+
+def _add_trust_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
 
 
 def _add_text_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +61,7 @@ def _add_text_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=_positive_int, default=None, help="use at most this many documents")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
+    _add_trust_argument(parser)
 
 
 def register(subparsers) -> None:
@@ -65,6 +83,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     evaluate.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
     evaluate.add_argument("--output", type=Path, default=Path("eval_results.json"), help="results JSON")
+    _add_trust_argument(evaluate)
     evaluate.set_defaults(func=run_eval)
 
     ppl = subparsers.add_parser(
@@ -104,7 +123,7 @@ def register(subparsers) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from delta_qwen3.atomic import write_json
-    from delta_qwen3.output_paths import check_output_file, reporting_write_failure
+    from delta_qwen3.output_paths import check_not_an_input, check_output_file, output_lock, reporting_write_failure
     from .benchmarks import resolve_benchmarks
     from .local_data import export_data
     from .runner import format_table, run_benchmarks
@@ -112,73 +131,96 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.models[0] == EXPORT_DATA:
         if len(args.models) != 2:
             raise CommandError(f"usage: delta-qwen3 eval {EXPORT_DATA} DIR [--tasks T]")
-        with reporting_write_failure("DIR", args.models[1], "the files of the tasks before it are kept"):
-            counts = export_data(Path(args.models[1]), resolve_benchmarks(args.tasks))
+        benchmarks = resolve_benchmarks(args.tasks)
+        with (output_lock("DIR", args.models[1], inside=True),
+              reporting_write_failure("DIR", args.models[1], "the files of the tasks before it are kept")):
+            counts = export_data(Path(args.models[1]), benchmarks)
         print(json_text({"data_dir": args.models[1], "documents": counts}))
         return 0
+    device = _resolved_device(args)
     check_output_file(args.output, "--output")
-    results = run_benchmarks(
-        args.models,
-        tasks=args.tasks,
-        data_dir=args.data_dir,
-        limit=args.limit,
-        batch_size=args.batch_size,
-        device=args.device or _default_device(),
-        dtype=args.dtype,
-    )
-    print(format_table(results))
-    with reporting_write_failure("--output", args.output):
-        write_json(args.output, results)
+    check_not_an_input("--output", args.output, [args.output],
+                       [*(("MODEL", model) for model in args.models), ("--data-dir", args.data_dir)])  # fmt: skip
+    with output_lock("--output", args.output):
+        results = run_benchmarks(
+            args.models,
+            tasks=args.tasks,
+            data_dir=args.data_dir,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            device=device,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+        )
+        print(format_table(results))
+        with reporting_write_failure("--output", args.output):
+            write_json(args.output, results)
     print(f"results written to {args.output}", file=sys.stderr)
     return 0
 
 
 def run_ppl(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
     from delta_qwen3.atomic import write_json
-    from delta_qwen3.output_paths import check_output_file, reporting_write_failure
-    from .models import check_models, check_window, load_causal_lm
+    from delta_qwen3.output_paths import check_not_an_input, check_output_file, output_lock, reporting_write_failure
+    from .models import check_models, check_stride, check_window, load_causal_lm
     from .perplexity import perplexity
     from delta_qwen3.texts import read_texts
 
+    device = _resolved_device(args)
     if args.output is not None:
         check_output_file(args.output, "--output")
-    check_models([args.model])
-    check_window(args.max_length, args.model)
-    texts = read_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
-    model, tokenizer = load_causal_lm(args.model, device=args.device or _default_device(), dtype=args.dtype)
-    try:
-        value = perplexity(model, tokenizer, texts, max_length=args.max_length, stride=args.stride,
-                           batch_size=args.batch_size)  # fmt: skip
-    except ValueError as error:
-        raise CommandError(str(error)) from None
-    result = {"model": args.model, "data": args.data, "documents": len(texts), "perplexity": value}
-    print(json_text(result))
-    if args.output is not None:
-        with reporting_write_failure("--output", args.output):
-            write_json(args.output, result)
+        check_not_an_input("--output", args.output, [args.output], [("MODEL", args.model), ("--data", args.data)])
+    with output_lock("--output", args.output) if args.output is not None else nullcontext():
+        check_models([args.model], args.trust_remote_code)
+        check_window(args.max_length, args.model, args.trust_remote_code)
+        check_stride(args.stride, args.max_length, args.model, args.trust_remote_code)
+        texts = read_texts(args.data, text_field=args.text_field, split=args.split, config=args.config,
+                           limit=args.limit)  # fmt: skip
+        model, tokenizer = load_causal_lm(args.model, device=device, dtype=args.dtype,
+                                          trust_remote_code=args.trust_remote_code)  # fmt: skip
+        try:
+            value = perplexity(model, tokenizer, texts, max_length=args.max_length, stride=args.stride,
+                               batch_size=args.batch_size)  # fmt: skip
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        result = {"model": args.model, "data": args.data, "documents": len(texts), "perplexity": value}
+        print(json_text(result))
+        if args.output is not None:
+            with reporting_write_failure("--output", args.output):
+                write_json(args.output, result)
     return 0
 
 
 def run_routing(args: argparse.Namespace) -> int:
-    from delta_qwen3.output_paths import check_output_dir, reporting_write_failure
-    from .models import check_models, check_window, load_causal_lm
+    from delta_qwen3.output_paths import check_not_an_input, check_output_dir, output_lock, reporting_write_failure
+    from .models import check_models, check_routed, check_window, load_causal_lm
     from .routing import routing_statistics
     from .routing_plots import REPORT_FILES, sharpness_label, write_routing_report
     from delta_qwen3.texts import read_texts
 
+    device = _resolved_device(args)
     check_output_dir(args.out, "--out", overwrite=args.overwrite, files=REPORT_FILES)
-    check_models(args.models)
-    for name in args.models:
-        check_window(args.max_length, name)
-    texts = read_texts(args.data, text_field=args.text_field, split=args.split, config=args.config, limit=args.limit)
-    runs = {}
-    for name in args.models:
-        model, tokenizer = load_causal_lm(name, device=args.device or _default_device(), dtype=args.dtype)
-        runs[name] = routing_statistics(model, tokenizer, texts, max_length=args.max_length or ROUTING_WINDOW)
-        del model  # before the next model loads
-        print(f"{name}: {sharpness_label(runs[name])}, mean entropy {runs[name]['mean_entropy']:.4f} nats",
-              file=sys.stderr)
-    print(json_text({name: stats["mean_max_weight"] for name, stats in runs.items()}))
-    with reporting_write_failure("--out", args.out):
-        write_routing_report(runs, args.out, data=args.data, documents=len(texts))
+    check_not_an_input("--out", args.out, [args.out / name for name in REPORT_FILES],
+                       [*(("MODEL", model) for model in args.models), ("--data", args.data)])  # fmt: skip
+    with output_lock("--out", args.out, inside=True):
+        check_output_dir(args.out, "--out", overwrite=args.overwrite, files=REPORT_FILES)  # again: now it is ours
+        check_models(args.models, args.trust_remote_code)
+        for name in args.models:
+            check_window(args.max_length, name, args.trust_remote_code)
+            check_routed(name, args.trust_remote_code)
+        texts = read_texts(args.data, text_field=args.text_field, split=args.split, config=args.config,
+                           limit=args.limit)  # fmt: skip
+        runs = {}
+        for name in args.models:
+            model, tokenizer = load_causal_lm(name, device=device, dtype=args.dtype,
+                                              trust_remote_code=args.trust_remote_code)  # fmt: skip
+            runs[name] = routing_statistics(model, tokenizer, texts, max_length=args.max_length or ROUTING_WINDOW)
+            del model  # before the next model loads
+            print(f"{name}: {sharpness_label(runs[name])}, mean entropy {runs[name]['mean_entropy']:.4f} nats",
+                  file=sys.stderr)
+        print(json_text({name: stats["mean_max_weight"] for name, stats in runs.items()}))
+        with reporting_write_failure("--out", args.out):
+            write_routing_report(runs, args.out, data=args.data, documents=len(texts))
     return 0

@@ -14,13 +14,14 @@ from .local_data import check_data_file, task_config
 from .models import check_models, load_causal_lm
 
 
-def load_lm(model: str, *, batch_size: int | str, device: str, dtype: str = "auto") -> HFLM:
+def load_lm(model: str, *, batch_size: int | str, device: str, dtype: str = "auto",
+            trust_remote_code: bool = False) -> HFLM:  # fmt: skip
     """lm-eval's Hugging Face wrapper around the model and tokenizer that `load_causal_lm` loads.
 
     Given a loaded model, the wrapper warns that other arguments may be ignored and that it must not run under
     accelerate: none is passed that it ignores, and evaluation runs in one process, so those warnings are muted.
     """
-    causal_lm, tokenizer = load_causal_lm(model, device=device, dtype=dtype)
+    causal_lm, tokenizer = load_causal_lm(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     level = huggingface.eval_logger.level
     huggingface.eval_logger.setLevel(logging.ERROR)
     try:
@@ -49,9 +50,10 @@ def evaluate_model(
     batch_size: int | str,
     device: str,
     dtype: str = "auto",
+    trust_remote_code: bool = False,
 ) -> dict:
     """Per benchmark the reported metric, its standard error and the number of documents; and their average."""
-    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype)
+    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     raw = lm_eval.simple_evaluate(
         model=lm,
         tasks=[task_config(benchmark, data_dir) for benchmark in benchmarks],
@@ -72,11 +74,13 @@ def run_benchmarks(
     batch_size: int | str = 8,
     device: str = "cpu",
     dtype: str = "auto",
+    trust_remote_code: bool = False,
 ) -> dict:
     """Evaluate each model (Hub id or directory) on `tasks` ("paper" for all eight, or benchmark names).
 
     With `data_dir`, documents come from its JSON-lines files (checked before any model is loaded) instead of the
-    Hub. `dtype` is "auto" (the checkpoint's) or a torch dtype name. Returns:
+    Hub. `dtype` is "auto" (the checkpoint's) or a torch dtype name. Code that a checkpoint ships runs only with
+    `trust_remote_code` (`eval.models`). Returns:
 
         {"tasks", "metrics", "data", "limit", "lm_eval",
          "models": {model: {"tasks": {name: {"metric", "value", "stderr", "documents"}}, "average"}}}
@@ -88,7 +92,7 @@ def run_benchmarks(
         data_dir = Path(data_dir)
         for benchmark in benchmarks:
             check_data_file(benchmark, data_dir)
-    check_models(models)
+    check_models(models, trust_remote_code)
     results = {
         "tasks": [benchmark.name for benchmark in benchmarks],
         "metrics": {benchmark.name: benchmark.metric for benchmark in benchmarks},
@@ -97,7 +101,8 @@ def run_benchmarks(
         "lm_eval": lm_eval.__version__,
         "models": {
             model: evaluate_model(
-                model, benchmarks, data_dir=data_dir, limit=limit, batch_size=batch_size, device=device, dtype=dtype
+                model, benchmarks, data_dir=data_dir, limit=limit, batch_size=batch_size, device=device, dtype=dtype,
+                trust_remote_code=trust_remote_code,
             )
             for model in models
         },

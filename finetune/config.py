@@ -13,7 +13,7 @@ MODES = ("baseline", *ROUTING_MODES)
 DTYPES = ("float32", "bfloat16", "float16")
 
 # The options that say how one invocation runs, not what the run is: neither recorded nor compared on --resume.
-INVOCATION_OPTIONS = frozenset({"resume", "overwrite", "stop_after_step"})
+INVOCATION_OPTIONS = frozenset({"resume", "overwrite", "stop_after_step", "trust_remote_code"})
 # The keys under which a run's settings record what its options resolved to, with what each is called when it
 # differs on --resume: the model configuration it trains, and what its data and tokenizer hold, so that a file moved
 # elsewhere resumes and one changed in place does not.
@@ -74,6 +74,12 @@ class FinetuneConfig:
         None, "tokenizer directory or Hub id (default: --model's; required with --from-scratch)", "model"
     )
     gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory", "model")
+    trust_remote_code: bool = option(
+        False,
+        "run Python code that the tokenizer ships (auto_map), as Transformers' trust_remote_code=True does; the model "
+        "always loads with the installed DeltaQwen3 or Qwen3 classes",
+        "model",
+    )
 
     # What to train
     freeze_base: bool = option(
@@ -216,6 +222,10 @@ class FinetuneConfig:
                 raise CommandError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.warmup_steps < 0 or self.save_every < 0 or self.keep_checkpoints < 0:
             raise CommandError("--warmup-steps, --save-every and --keep-checkpoints must not be negative")
+        for name in ("eval_batch_size", "stop_after_step", "num_blocks"):  # where given
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise CommandError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        check_seed(self.seed, "--seed")
         self._validate_numbers()
 
     def _validate_numbers(self) -> None:
@@ -231,6 +241,21 @@ class FinetuneConfig:
         if not 0 <= self.min_lr_ratio <= 1:
             raise CommandError(f"--min-lr-ratio must be between 0 and 1 (a fraction of the peak rate), got "
                                f"{self.min_lr_ratio}")  # fmt: skip
+        if not 0 <= self.lora_dropout < 1:
+            raise CommandError(f"--lora-dropout must be at least 0 and below 1 (a probability), got "
+                               f"{self.lora_dropout}")  # fmt: skip
+        if self.lora_alpha <= 0:
+            raise CommandError(f"--lora-alpha must be positive (the update is scaled by alpha / rank), got "
+                               f"{self.lora_alpha}")  # fmt: skip
+
+
+SEEDS = range(2**32)  # what every generator a run seeds (Python's, NumPy's, PyTorch's) takes
+
+
+def check_seed(seed: int, option: str) -> None:
+    """Refuse a seed that NumPy's generator, which accelerate seeds with it, does not take."""
+    if seed not in SEEDS:
+        raise CommandError(f"{option} must be between 0 and {SEEDS.stop - 1}, got {seed}")
 
 
 def flag(name: str) -> str:

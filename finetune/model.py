@@ -12,11 +12,14 @@ from pathlib import Path
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
+from transformers import PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 from conversion.target_config import default_num_blocks
-from delta_qwen3.checkpoints import check_model_source, loading, local_directory
+from delta_qwen3.checkpoints import check_model_source, check_vocabulary, load_model_config, loading, local_directory
+from delta_qwen3.checkpoints import read_config_fields
+from delta_qwen3.checkpoints import load_tokenizer as load_checked_tokenizer
 from delta_qwen3.errors import CommandError
+from delta_qwen3.model_shapes import check_buildable, check_model_fields
 from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
 from .config import FinetuneConfig
@@ -41,21 +44,27 @@ def mode_of(model_config: PretrainedConfig) -> str:
 
 
 def load_tokenizer(config: FinetuneConfig):
-    """`--tokenizer`, by default `--model`'s own. A model directory is checked whole first: its tokenizer may load
-    even when the model cannot, or fail with text about tokenizer files when the directory is no checkpoint."""
+    """`--tokenizer`, by default `--model`'s own. A model's configuration is loaded and checked first: its tokenizer
+    may load even when the model cannot, or fail with text about tokenizer files when the directory is no
+    checkpoint. Code the tokenizer ships runs only with `--trust-remote-code`; a broken tokenizer file is named."""
     if config.tokenizer:
         option, source = "--tokenizer", config.tokenizer
         local_directory(source, option)
     else:
         option, source = "--model", config.model
-        check_model_source(source, option)
-    with loading(f"a tokenizer from {option} {source}"):
-        return AutoTokenizer.from_pretrained(source)
+        _checkpoint_config(config)
+    return load_checked_tokenizer(source, option, config.trust_remote_code)
 
 
 def build_model_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
-    """The configuration of the model to train, checked against the options."""
-    model_config = _new_config(config, tokenizer) if config.from_scratch else _checkpoint_config(config)
+    """The configuration of the model to train, checked against the options and the tokenizer."""
+    if config.from_scratch:
+        model_config = _new_config(config, tokenizer)
+    else:
+        model_config = _checkpoint_config(config)
+        subject = f"--tokenizer {config.tokenizer}" if config.tokenizer else f"the tokenizer of --model {config.model}"
+        check_vocabulary(tokenizer, model_config.vocab_size, subject, f"--model {config.model}")
+    check_buildable(MODEL_CLASSES[model_config.model_type], model_config, _config_subject(config))
     if config.seq_len > model_config.max_position_embeddings:
         raise CommandError(
             f"--seq-len {config.seq_len} is beyond the model's max_position_embeddings "
@@ -66,14 +75,22 @@ def build_model_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
     return model_config
 
 
+def _config_subject(config: FinetuneConfig) -> str:
+    """Where the configuration of the model to train comes from, as its messages name it."""
+    if not config.from_scratch:
+        return f"--model {config.model} (its config.json)"
+    return f"--model-config {config.model_config}" if config.model_config else f"--preset {config.preset}"
+
+
 def _checkpoint_config(config: FinetuneConfig) -> PretrainedConfig:
+    """The configuration of --model, which must be a DeltaQwen3 or Qwen3 checkpoint: its `config.json` is read as
+    data first, so that the model always loads with the installed classes, never with code a checkpoint ships."""
     check_model_source(config.model, "--model")
-    with loading(f"--model {config.model}"):
-        model_config = AutoConfig.from_pretrained(config.model)
-    if model_config.model_type not in MODEL_CLASSES:
-        raise CommandError(
-            f"--model {config.model} is a {model_config.model_type!r} model; expected a DeltaQwen3 or Qwen3 checkpoint"
-        )
+    model_type = read_config_fields(config.model, "--model").get("model_type")
+    if model_type not in MODEL_CLASSES:
+        raise CommandError(f"--model {config.model} is a {model_type!r} model; expected a DeltaQwen3 or Qwen3 "
+                           "checkpoint")  # fmt: skip
+    model_config = load_model_config(config.model, "--model")
     mode = mode_of(model_config)
     if config.mode is not None and config.mode != mode:
         hint = (
@@ -96,6 +113,7 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
         if not isinstance(fields, dict):
             raise CommandError(f"--model-config {config.model_config} holds a JSON {type(fields).__name__}, not an "
                                "object of configuration fields")  # fmt: skip
+    check_model_fields(fields, _config_subject(config))
     vocab_size = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     fields = {"vocab_size": vocab_size, **fields}
     # A vocabulary size that is not a number is left for the configuration to refuse, naming the field.
@@ -110,7 +128,8 @@ def _new_config(config: FinetuneConfig, tokenizer) -> PretrainedConfig:
             return Qwen3Config(**{**fields, **special})
         return DeltaQwen3Config(**{**fields, **special, **routing})
     except (TypeError, ValueError, StrictDataclassError) as error:
-        raise CommandError(f"invalid model configuration: {' '.join(str(error).split())}") from error
+        raise CommandError(f"{_config_subject(config)}: invalid model configuration: {' '.join(str(error).split())}") \
+            from error
 
 
 def recorded_model_config(model_config: PretrainedConfig) -> dict:

@@ -14,8 +14,10 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
+import accelerate.checkpointing
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
@@ -24,8 +26,8 @@ from conversion import hub
 from delta_qwen3.atomic import atomic_output, staged_directory, write_json
 from delta_qwen3.checkpoints import loading
 from delta_qwen3.errors import CommandError
+from delta_qwen3.output_paths import check_not_an_input, output_lock, refused_growth, reporting_write_failure
 from delta_qwen3.output_paths import check_output_dir as check_output_path
-from delta_qwen3.output_paths import refused_growth, reporting_write_failure
 from modeling_delta_qwen3 import DeltaQwen3Config
 
 from .config import FinetuneConfig
@@ -88,8 +90,27 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path, path: Path
             else "starts again from step 0")  # fmt: skip
     advice = (f"either the run started with another model (resume with the options it started with), or the "
               f"checkpoint is damaged (truncated?): moved out of {checkpoints_dir(output_dir)}, --resume then {then}")
-    with loading(f"the checkpoint to resume, {path}", advice):
-        accelerator.load_state(str(path))
+    with loading(f"the checkpoint to resume, {path}", advice), weights_only_state_files():
+        accelerator.load_state(str(path), load_kwargs={"weights_only": True})
+
+
+@contextlib.contextmanager
+def weights_only_state_files():
+    """While a checkpoint loads, every state file accelerate reads back (optimizer, schedule, random generators,
+    sampler, scaler, and the objects registered for checkpointing, which accelerate itself unpickles in full) is read
+    with `torch.load(weights_only=True)`: tensors, numbers, strings and containers of them, and the numpy arrays of
+    the random generators' state, never an object whose unpickling runs code. Transformers' Trainer reads its state
+    the same way. The model's weights are safetensors. A file that holds anything else is refused by the loader."""
+    original = accelerate.checkpointing.load
+
+    def weights_only(*args, **kwargs):
+        return original(*args, **{**kwargs, "weights_only": True})
+
+    accelerate.checkpointing.load = weights_only
+    try:
+        yield
+    finally:
+        accelerate.checkpointing.load = original
 
 
 def stopped_at(step: int, output_dir: str | Path) -> str:
@@ -121,6 +142,42 @@ def check_output_dir(config: FinetuneConfig) -> tuple[Path, int] | None:
                 "or --overwrite to start again"
             )
     return latest_checkpoint(output_dir) if config.resume else None
+
+
+def run_outputs(output_dir: str | Path) -> list[Path]:
+    """What a run writes in its directory: checkpoints, the final model (or a quantised run's adapters), the log,
+    its settings, the validation text."""
+    from .quantization import adapter_dir  # it imports this module's neighbours: imported when needed
+
+    return [checkpoints_dir(output_dir), model_dir(output_dir), adapter_dir(output_dir), log_path(output_dir),
+            run_config_path(output_dir), validation_documents_path(output_dir)]  # fmt: skip
+
+
+def check_inputs_untouched(config: FinetuneConfig) -> None:
+    """Refuse a run directory whose outputs would overwrite, or be written into, what the run reads: the model, the
+    tokenizer, the data, the model configuration file (`check_not_an_input`)."""
+    inputs = [("--model", config.model), ("--tokenizer", config.tokenizer), ("--data", config.data),
+              ("--model-config", config.model_config)]  # fmt: skip
+    check_not_an_input("--output-dir", config.output_dir, run_outputs(config.output_dir), inputs)
+
+
+@contextlib.contextmanager
+def run_directory_lock(config: FinetuneConfig, accelerator: Accelerator) -> Iterator[None]:
+    """The run directory's lock (`output_lock`), held by the main process for the run's life, so that two runs
+    started into one directory cannot interleave their logs and checkpoints; every process stops alike when the
+    directory is in use."""
+    with contextlib.ExitStack() as stack:
+        refusal = None
+        if accelerator.is_main_process:
+            try:
+                stack.enter_context(output_lock("--output-dir", config.output_dir, inside=True))
+            except CommandError as error:
+                refusal = (type(error), str(error))
+        if accelerator.num_processes > 1:
+            [refusal] = broadcast_object_list([refusal])
+        if refusal is not None:
+            raise refusal[0](refusal[1])
+        yield
 
 
 def saved_run_settings(output_dir: str | Path) -> dict | None:

@@ -2,7 +2,10 @@
 model and optimiser prepared by accelerate -> (resume) -> training loop -> final model -> Hub."""
 
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, parse_flag_from_env, set_seed
+from accelerate.utils import DistributedType, is_tensorboard_available, is_wandb_available, parse_flag_from_env
+from accelerate.utils import set_seed
+
+from conversion.hub import check_publishable
 
 from delta_qwen3.errors import CommandError
 from delta_qwen3.interrupts import interruption, run_command
@@ -30,12 +33,14 @@ from .model import (
 )
 from .optim import build_optimizer, build_schedule
 from .outputs import (
+    check_inputs_untouched,
     check_output_dir,
     load_checkpoint,
     prepare_output_dir,
     push_to_hub,
     resume_hint,
     run_config_path,
+    run_directory_lock,
     save_final_model,
     saved_run_settings,
     validation_documents_path,
@@ -101,11 +106,44 @@ def check_sharding(accelerator: Accelerator) -> None:
         )
 
 
+def check_needed_at_the_end(config: FinetuneConfig) -> None:
+    """What the run needs only after training, checked before it starts: the Hub to publish to, and the experiment
+    tracker's package (accelerate would only warn, and track nothing)."""
+    if config.push_to_hub:
+        check_publishable(config.push_to_hub, "--push-to-hub")
+    available = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available}
+    wanted = list(available) if config.report_to == "all" else [name for name in available if name == config.report_to]
+    missing = [name for name in wanted if not available[name]()]
+    if missing and (config.report_to != "all" or len(missing) == len(available)):
+        raise CommandError(f"--report-to {config.report_to}: {' and '.join(missing)} is not installed "
+                           f"(pip install {' '.join(missing)})")  # fmt: skip
+
+
+def start_accelerator(config: FinetuneConfig, trackers) -> Accelerator:
+    """accelerate's state for the run; what it refuses of the options (a mixed precision that the device lacks,
+    say) is one line naming them, not a traceback from inside accelerate."""
+    try:
+        return Accelerator(mixed_precision=config.mixed_precision, log_with=trackers, project_dir=config.output_dir)
+    except (ValueError, RuntimeError, TypeError) as error:
+        reason = " ".join(str(error).split())
+        raise CommandError(f"accelerate cannot start the run on this machine: {reason} (--mixed-precision "
+                           f"{config.mixed_precision}, and the launch's accelerate configuration)") \
+            from None  # fmt: skip
+
+
 def run(config: FinetuneConfig) -> int:
-    """Train as `config` says. Bad input raises `CommandError` before anything is written to --output-dir."""
+    """Train as `config` says. Bad input raises `CommandError` before anything is written to --output-dir, which
+    the run holds locked for its life (`run_directory_lock`)."""
+    check_needed_at_the_end(config)
     trackers = {"none": None, "all": "all"}.get(config.report_to, [config.report_to])
-    accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers, project_dir=config.output_dir)
+    accelerator = start_accelerator(config, trackers)
     check_sharding(accelerator)
+    check_inputs_untouched(config)
+    with run_directory_lock(config, accelerator):
+        return _run(config, accelerator, trackers)
+
+
+def _run(config: FinetuneConfig, accelerator: Accelerator, trackers) -> int:
     checkpoint = check_output_dir(config)
     if config.quantize:
         check_no_adapters(config)

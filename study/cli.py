@@ -4,13 +4,15 @@ from scratch, resumable, with one results JSON, a table and pictures."""
 import argparse
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 from delta_qwen3.atomic import write_json
+from delta_qwen3.devices import resolve_device
 from delta_qwen3.errors import CommandError
-from delta_qwen3.output_paths import reporting_write_failure
-from delta_qwen3.texts import documents_content
+from delta_qwen3.output_paths import check_not_an_input, output_lock, reporting_write_failure
+from delta_qwen3.texts import documents_content, read_texts
 from finetune.config import (
     DATA_CONTENT,
     INVOCATION_OPTIONS,
@@ -18,6 +20,7 @@ from finetune.config import (
     RESOLVED_SETTINGS,
     TOKENIZER_CONTENT,
     FinetuneConfig,
+    check_seed,
     parse_args,
     resume_changes,
 )
@@ -27,6 +30,7 @@ from modeling_delta_qwen3.routing_modes import BLOCK_MODES
 
 from .grid import expand_grid
 from .report import (
+    PICTURE_NAMES,
     early_loss,
     format_band_table,
     format_seed_table,
@@ -88,6 +92,11 @@ def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], Finetune
         raise CommandError(f"--jobs must be at least 1, got {args.jobs}")
     if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 1:
         raise CommandError(f"--seeds must be distinct, got {args.seeds}")
+    for seed in args.seeds:
+        check_seed(seed, "--seeds")
+    if any(blocks < 1 for blocks in args.num_blocks):
+        raise CommandError(f"--num-blocks must be at least 1, got {args.num_blocks}")
+    args.device = resolve_device(args.device)  # used only to score each run, after its training: checked now
     for layers in args.depths:
         for blocks in args.num_blocks if set(args.modes) & set(BLOCK_MODES) else []:
             if not 1 <= blocks <= layers:
@@ -131,12 +140,46 @@ def check_same_study(out: Path, record: dict) -> None:
         )
 
 
+def check_inputs_untouched(args: argparse.Namespace, config: FinetuneConfig) -> None:
+    """Refuse a study directory whose outputs (the runs, the records, the results and pictures) would overwrite, or
+    be written into, what the study reads: the data, the tokenizer, the documents scored."""
+    written = [args.out / "runs", args.out / STUDY_NAME, args.out / RESULTS_NAME,
+               *(args.out / name for name in PICTURE_NAMES)]  # fmt: skip
+    inputs = [("--data", config.data), ("--tokenizer", config.tokenizer), ("--validation-data", args.validation_data)]
+    check_not_an_input("--out", args.out, written, inputs)
+
+
 def run_study(args: argparse.Namespace) -> int:
     shared, config = _shared_finetune_args(args)
+    check_inputs_untouched(args, config)
+    with output_lock("--out", args.out, inside=True):  # one study at a time in --out
+        return _run_study(args, shared, config)
+
+
+def launcher_command(text: str) -> list[str]:
+    """--launcher as a command line whose program can start: checked before the first run trains, so that a typo
+    is not found only when the first finetune process should start (or taken for a failure to write --out)."""
+    try:
+        command = shlex.split(text)
+    except ValueError as error:
+        raise CommandError(f"--launcher {text!r} is not a command line: {error}") from None
+    if not command:
+        raise CommandError(f"--launcher is empty; give the command that starts Python, e.g. "
+                           f"{shlex.quote(sys.executable)}")  # fmt: skip
+    if shutil.which(command[0]) is None:
+        raise CommandError(f"--launcher {text}: {command[0]} is not a program that can be started (not on PATH, or "
+                           "not an executable file)")  # fmt: skip
+    return command
+
+
+def _run_study(args: argparse.Namespace, shared: list[str], config: FinetuneConfig) -> int:
     record = study_record(args, config)
     check_same_study(args.out, record)
-    settings = StudySettings(args.out, shlex.split(args.launcher), args.preset, shared, args.validation_data,
-                             config.seq_len, args.device, args.jobs)  # fmt: skip
+    launcher = launcher_command(args.launcher)
+    if args.validation_data is not None and not args.report_only:  # scored only after each run: read it now
+        read_texts(args.validation_data, option="--validation-data")
+    settings = StudySettings(args.out, launcher, args.preset, shared, args.validation_data, config.seq_len,
+                             args.device, args.jobs)  # fmt: skip
     runs = expand_grid(args.modes, args.depths, args.seeds, args.num_blocks)
     if args.report_only:
         found = {run.name: finished_result(run, args.out) for run in runs}

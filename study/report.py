@@ -277,6 +277,9 @@ def plot_loss_curves(results: list[dict], path: Path) -> Path:
     return _save(figure, path)
 
 
+PICTURE_NAMES = ("ppl_vs_depth.png", "routing_sharpness_by_band.png", "paired_differences.png", "val_loss_curves.png")
+
+
 def write_pictures(summary: dict[str, dict], paired: dict[str, dict], results: list[dict], out: Path) -> list[Path]:
     """The pictures, but the paired differences' when no two modes share a depth and seed."""
     return [

@@ -81,12 +81,20 @@ def start_training(run: Run, settings: StudySettings, directory: Path) -> subpro
     command = finetune_command(run, settings, directory)
     if settings.jobs == 1:
         print("$ " + " ".join(command), flush=True)
-        return subprocess.Popen(command)
+        return _start(command, run)
     with (directory / LOG_NAME).open("a") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env=finetune_environment(settings.jobs))  # fmt: skip
+        return _start(command, run, stdout=log, stderr=subprocess.STDOUT, env=finetune_environment(settings.jobs))
+
+
+def _start(command: list[str], run: Run, **options) -> subprocess.Popen:
+    """Start a finetune process; a program that cannot start is one line naming it and why (not a failed write)."""
+    try:
+        return subprocess.Popen(command, **options)
+    except OSError as error:
+        raise RunError(f"run {run.name}: could not start finetune with {command[0]} (--launcher): "
+                       f"{error.strerror or error}") from None  # fmt: skip
 
 
 def check_trained(run: Run, process: subprocess.Popen | None, settings: StudySettings, directory: Path) -> None:

@@ -156,10 +156,12 @@ def test_architecture_without_a_deltaqwen3_class(capsys, src, tmp_path):
     "file, edit, message",
     [
         ("config.json", {"quantization_config": "gptq"}, "is quantised (unknown); convert the unquantised checkpoint"),
-        ("config.json", {"num_hidden_layers": "4"}, "cannot convert to DeltaQwen3: Validation error for field "
-         "'num_hidden_layers': TypeError: Field 'num_hidden_layers' expected int, got str (value: '4')"),
-        ("config.json", {"num_hidden_layers": None}, "cannot convert to DeltaQwen3: Validation error for field "
-         "'num_hidden_layers': TypeError: Field 'num_hidden_layers' expected int, got NoneType (value: None)"),
+        ("config.json", {"num_hidden_layers": "4"}, "cannot convert to DeltaQwen3: the source's config.json: "
+         "num_hidden_layers must be a positive whole number, got '4'"),
+        ("config.json", {"num_hidden_layers": None}, "cannot convert to DeltaQwen3: the source's config.json: "
+         "num_hidden_layers must be a positive whole number, got None"),
+        ("config.json", {"tie_word_embeddings": "no"}, "cannot convert to DeltaQwen3: Validation error for field "
+         "'tie_word_embeddings': TypeError: Field 'tie_word_embeddings' expected bool, got str (value: 'no')"),
         ("config.json", {"architectures": {"0": "Qwen3ForCausalLM"}}, "cannot convert architectures "
          "{'0': 'Qwen3ForCausalLM'}: config.json must name them in a list"),
         ("model.safetensors.index.json", {"weight_map": None}, "model.safetensors.index.json is not a valid index (its "

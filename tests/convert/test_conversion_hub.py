@@ -40,9 +40,11 @@ def hub_source(tmp_path, qwen3_checkpoint, monkeypatch):
 
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch):
-    """Repository creation and commits write into `tmp_path/hub/<repo_id>` instead of the Hub."""
+    """Repository creation and commits write into `tmp_path/hub/<repo_id>` instead of the Hub, for a user with a
+    token."""
     root = tmp_path / "hub"
     calls = []
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
 
     def create_repo(self, repo_id, **kwargs):
         calls.append(("create_repo", repo_id, kwargs))

@@ -162,13 +162,14 @@ def test_ppl_bad_input_is_named(qwen3_checkpoint, texts_jsonl, tmp_path):
     )
     missing = tmp_path / "missing.jsonl"
     assert f"--data {missing} does not exist" in _error(["ppl", str(qwen3_checkpoint), "--data", str(missing)], "ppl")
-    assert "stride=40 must be between 1 and max_length=20" in _error(
+    assert "--stride 40 is longer than the window (--max-length 20)" in _error(
         ["ppl", str(qwen3_checkpoint), "--data", str(texts_jsonl), "--max-length", "20", "--stride", "40"], "ppl"
     )
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    assert f"could not load model '{broken}'" in _error(["ppl", str(broken), "--data", str(texts_jsonl)], "ppl")
+    assert f"MODEL {broken}: {broken / 'config.json'} is not valid JSON" in _error(
+        ["ppl", str(broken), "--data", str(texts_jsonl)], "ppl")
 
 
 # --- routing ------------------------------------------------------------------------------------------------

@@ -168,7 +168,8 @@ def test_routing_prints_the_summary_when_the_report_cannot_be_written(routed_mod
     statistics = eval.routing.routing_statistics
 
     def taking_out(*args, **kwargs):
-        out.write_text("taken\n")  # the directory's path became a file meanwhile
+        (out / "routing.json").mkdir()  # the report's path became a directory meanwhile
+        (out / "routing.json" / "theirs.txt").write_text("taken\n")
         return statistics(*args, **kwargs)
 
     monkeypatch.setattr(eval.routing, "routing_statistics", taking_out)
@@ -177,7 +178,7 @@ def test_routing_prints_the_summary_when_the_report_cannot_be_written(routed_mod
     assert code == 1
     assert list(json.loads(stdout)) == [str(routed_model)]
     assert stderr.strip().splitlines()[-1].startswith(f"delta-qwen3 routing: error: could not write --out {out}")
-    assert out.read_text() == "taken\n"
+    assert (out / "routing.json" / "theirs.txt").read_text() == "taken\n"
 
 
 # --- window lengths ---------------------------------------------------------------------------------------------
@@ -270,28 +271,31 @@ def test_lm_eval_is_given_the_loaded_model_without_warnings(qwen3_checkpoint, ca
 
 def test_finetune_names_a_model_that_fails_to_load_as_ppl_does(qwen3_checkpoint, texts_jsonl, tmp_path, capsys):
     """A checkpoint that passes the checks before loading and fails in the loader: one line from both commands,
-    with the loader's reason, and nothing written."""
+    with the loader's reason, naming what failed (a broken tokenizer file by its path), and nothing written."""
     broken = {name: shutil.copytree(qwen3_checkpoint, tmp_path / name) for name in ("tokenizer", "config", "shape")}
     (broken["tokenizer"] / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
     for name, field, value in (("config", "hidden_size", "64"), ("shape", "intermediate_size", 96)):
         config = json.loads((broken[name] / "config.json").read_text())
         (broken[name] / "config.json").write_text(json.dumps({**config, field: value}))
     reasons = {
-        "tokenizer": "KeyError: 'added_tokens'",
-        "config": "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError: Field "
-                  "'hidden_size' expected int, got str (value: '64')",
+        "tokenizer": "the tokenizer file {model}/tokenizer.json cannot be read as a tokenizer (data did not match any "
+                     "variant of untagged enum ModelUntagged at line 1 column 30)",
+        "config": "hidden_size must be a positive whole number, got '64'",
         "shape": "RuntimeError: You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look "
                  "at the above report!",
     }  # fmt: skip
     corpus = write_corpus(tmp_path / "corpus.txt")
     for name, model in broken.items():
-        loaded = "--model" if name == "shape" else "a tokenizer from --model"  # the tokenizer loads first
+        reason = reasons[name].format(model=model)
         assert finetune.main(tiny_run_args(corpus, tmp_path / "out", "--model", str(model))) == 2
+        named = {"tokenizer": f"{model}", "config": f"{model} (its config.json)"}.get(name)
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            f"finetune: error: could not load {loaded} {model}: {reasons[name]}"
+            f"finetune: error: --model {named}: {reason}" if named
+            else f"finetune: error: could not load --model {model}: {reason}"
         )
         assert refused(["ppl", str(model), "--data", str(texts_jsonl)], "ppl") == (
-            f"delta-qwen3 ppl: error: could not load model '{model}': {reasons[name]}"
+            f"delta-qwen3 ppl: error: MODEL {named}: {reason}" if named
+            else f"delta-qwen3 ppl: error: could not load model '{model}': {reason}"
         )
     assert not (tmp_path / "out").exists()
 

@@ -175,6 +175,7 @@ def test_merged_lora_checkpoint_reproduces_the_peft_model(tmp_path, tokenizer):
 def test_from_scratch_baseline_saves_a_qwen3_checkpoint_and_pushes(tmp_path, jsonl_corpus, tokenizer, monkeypatch):
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     uploads = []
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: uploads.append(("create", repo_id)))
 
     def create_commit(self, repo_id, operations, **kwargs):
