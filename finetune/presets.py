@@ -25,7 +25,7 @@ PRESETS: dict[str, dict] = {
         max_position_embeddings=1024,
     ),
     # ~6.3M parameters besides the embeddings: a CPU demo that learns visibly in minutes, and the GPU depth study
-    # (README, "Reproduce on a GPU") at 8 and 16 layers.
+    # (docs/results.md, "Reproduce on a GPU") at 8 and 16 layers.
     "small": dict(
         hidden_size=256,
         intermediate_size=768,

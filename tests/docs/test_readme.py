@@ -16,7 +16,8 @@ import pytest
 from accelerate.commands.launch import launch_command_parser
 from helpers.paths import PROJECT_PACKAGES, REPO_ROOT
 
-DOCUMENTS = ("README.md", "benchmarks/README.md")
+DOCUMENTS = ("README.md", *sorted(f"docs/{page.name}" for page in (REPO_ROOT / "docs").glob("*.md")),
+             "benchmarks/README.md")
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 COMMAND_SEPARATORS = {"&&", "||", ";", "|"}

@@ -2,8 +2,8 @@
 quantisation and torchao's int8 weight-only quantisation, in a process that has Transformers and the quantisation
 libraries but not this project, runs in every mode, keeps its routing parameters unquantised in float32, and
 computes what the float32 model with the weights the quantisation stores computes, within the tolerances below
-(README, "Supported versions"). A freshly converted checkpoint, quantised, computes exactly what its quantised
-Qwen3 source computes. On the CPU, bitsandbytes runs its CPU backend."""
+(docs/compatibility.md, "Supported versions"). A freshly converted checkpoint, quantised, computes exactly what its
+quantised Qwen3 source computes. On the CPU, bitsandbytes runs its CPU backend."""
 
 import json
 
