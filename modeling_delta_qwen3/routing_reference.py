@@ -1,5 +1,5 @@
 """SPEC section 2's routing point in plain PyTorch: the oracle that every other routing implementation is tested
-against, forward and backward (`tests/routing/test_routing_implementations.py`).
+against, forward and backward (`tests/modeling_delta_qwen3/routing/test_routing_implementations.py`).
 
 `route` has the signature of the fast path's operation, `routing_op.route` (without the arguments of its grouped
 reads), so that a test can run either on the same inputs. It RMS-normalises the sources, scores them against the

@@ -19,8 +19,8 @@ they are, one after another (by stride, never stacked or copied), in their own d
 The number of sources is a run-time argument: one compiled kernel serves every routing point (no recompiling and no
 autotuning per number of sources). Launch configuration, fixed: the row padded to a power of two, and warps by
 the elements a program holds (a row, or a group's rows): 4 up to 1024, 8 up to 4096 and 16 above, so that no
-kernel's rows spill out of registers (`tests/routing/kernels_for_gpu.py` compiles every kernel for the GPUs, with
-the Tritons of the oldest and the newest supported PyTorch and of PyTorch 2.13, and counts).
+kernel's rows spill out of registers (`tests/modeling_delta_qwen3/routing/kernels_for_gpu.py` compiles every kernel
+for the GPUs, with the Tritons of the oldest and the newest supported PyTorch and of PyTorch 2.13, and counts).
 """
 
 import torch

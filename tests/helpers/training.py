@@ -1,5 +1,5 @@
 """Small builders shared by the fine-tuning tests: a real text corpus on disk, a tiny DeltaQwen3 checkpoint, and
-the options of a tiny run (the module fixtures made of them are in `tests/finetuning/conftest.py`)."""
+the options of a tiny run (the module fixtures made of them are in `tests/finetune/conftest.py`)."""
 
 import json
 import os

@@ -8,7 +8,7 @@ all, and that its rows fit in registers at every hidden size of the Qwen3 family
 
 Each kernel is compiled from a launch of the wrappers in `routing_triton.py` on CPU tensors (the kernels swapped for
 recorders), so the arguments and the launch configuration are those of a real launch. Run in a fresh interpreter
-with an environment holding Triton on PYTHONPATH by `tests/routing/test_fused_kernel.py`; prints one JSON line: a
+with an environment holding Triton on PYTHONPATH by `tests/modeling_delta_qwen3/routing/test_fused_kernel.py`; prints one JSON line: a
 record per compiled kernel.
 
 An architecture that the Triton's `ptxas` does not know (Blackwell's for the Triton of PyTorch 2.6) gets one record

@@ -117,7 +117,7 @@ def test_decoder_layers_are_checkpointed_by_transformers():
     """Activation checkpointing checkpoints each decoder layer once per forward pass, through Transformers'
     `GradientCheckpointingLayer`, and the layers then keep only their inputs for backward: checkpointing saves
     memory (the gradients equal the unchecked run's:
-    `tests/routing/test_routing_gradients.py::test_gradient_checkpointing_same_loss_and_gradients`)."""
+    `tests/modeling_delta_qwen3/routing/test_routing_gradients.py::test_gradient_checkpointing_same_loss_and_gradients`)."""
     model = random_model("delta", gated=True).train()
     ids = token_ids(seq=32)
     assert all(isinstance(layer, GradientCheckpointingLayer) for layer in model.model.layers)

@@ -1,13 +1,13 @@
 """The `"fused"` routing implementation's registered operation, `torch.ops.delta_qwen3.route`: PyTorch's own checks of a
 custom operation (`torch.library.opcheck`: schema, fake tensors, autograd registration, `torch.compile`), and its
-Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`tests/routing/
+Triton kernels run on the CPU by Triton's interpreter in a fresh interpreter (`tests/modeling_delta_qwen3/routing/
 fused_kernel_on_cpu.py`) against the operation's PyTorch code, against the spec's formula, and through the model in
 every mode; a copy of the kernels with a deliberate mistake fails the same comparisons. The kernels are also compiled
-for NVIDIA GPUs by Triton's own compiler (`tests/routing/kernels_for_gpu.py`): they compile, and their rows fit in
+for NVIDIA GPUs by Triton's own compiler (`tests/modeling_delta_qwen3/routing/kernels_for_gpu.py`): they compile, and their rows fit in
 registers. Both with the Triton that PyTorch 2.13's CUDA wheels pin (`.venv-fla`, beside the main environment's
 PyTorch) and the newest supported PyTorch's (`.venv-torch-2.15`, with that PyTorch); compiled with the oldest
 supported PyTorch's too (`.venv-oldest`), whose Triton's interpreter does not run with NumPy 2. Every other test of the
-model runs the operation's PyTorch code (`tests/routing/test_routing_implementations.py` compares it with the
+model runs the operation's PyTorch code (`tests/modeling_delta_qwen3/routing/test_routing_implementations.py` compares it with the
 reference in every mode)."""
 
 import json

@@ -1,7 +1,7 @@
 """The Triton kernels of `torch.ops.delta_qwen3.route` (`modeling_delta_qwen3/routing_triton.py`), run on CPU tensors
 by Triton's interpreter: against the operation's PyTorch code and against SPEC section 2's formula written out
 (`routing_reference.route`, through autograd), forward and backward, alone and through the model in every mode.
-`tests/routing/test_fused_kernel.py` runs this script in a fresh interpreter with `.venv-fla` (which holds Triton)
+`tests/modeling_delta_qwen3/routing/test_fused_kernel.py` runs this script in a fresh interpreter with `.venv-fla` (which holds Triton)
 on PYTHONPATH and asserts what it prints as one JSON line: relative errors (largest absolute difference over the
 largest absolute expected value), per comparison and dtype.
 

@@ -1,6 +1,6 @@
 """flash-linear-attention's `fused_attnres` Triton kernels, run on CPU tensors by Triton's interpreter, measured
 against fla's own PyTorch reference (`naive_attnres`), against SPEC section 2's formula in float64, and through the
-model (`routing_implementation="fla"` against `"reference"`). `tests/routing/test_fla_dispatch.py` runs this script
+model (`routing_implementation="fla"` against `"reference"`). `tests/modeling_delta_qwen3/routing/test_fla_dispatch.py` runs this script
 in a fresh interpreter, with `.venv-fla` (fla-core and Triton, pinned in the Makefile) on PYTHONPATH, and asserts
 what it prints as one JSON line: relative errors (largest absolute difference over the largest absolute expected
 value).

@@ -1,5 +1,5 @@
 """The `"fla"` routing implementation: flash-linear-attention's real `fused_attnres` kernels, run on the CPU by
-Triton's interpreter in a fresh interpreter (`tests/routing/fla_kernel_on_cpu.py`, with `.venv-fla`, which `make test`
+Triton's interpreter in a fresh interpreter (`tests/modeling_delta_qwen3/routing/fla_kernel_on_cpu.py`, with `.venv-fla`, which `make test`
 builds: fla-core 0.6.0 and Triton 3.7.1, the version PyTorch 2.13's CUDA wheels pin), compute the spec's function
 forward and backward, alone and through the model; and the model refuses fla where it cannot run, saying why."""
 
