@@ -33,7 +33,7 @@ from triton.runtime import interpreter  # noqa: E402
 import fla.ops.attnres.fused as fla_fused  # noqa: E402
 from fla.ops.attnres import fused_attnres, naive_attnres  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the tests' `helpers` package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for the tests' `helpers` package
 
 # Each kernel's one configuration: four sources per tile (routing points here read up to ten).
 TILE = {"BL": 4}

@@ -25,7 +25,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the tests' `helpers` package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for the tests' `helpers` package
 
 from helpers.models import VARIANTS, random_model, token_ids  # noqa: E402
 
