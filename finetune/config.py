@@ -11,6 +11,7 @@ from .presets import PRESETS
 
 MODES = ("baseline", *ROUTING_MODES)
 DTYPES = ("float32", "bfloat16", "float16")
+ROUTING_INITS = ("zero", "released")
 
 # The options that say how one invocation runs, not what the run is: neither recorded nor compared on --resume.
 INVOCATION_OPTIONS = frozenset({"resume", "overwrite", "stop_after_step", "trust_remote_code"})
@@ -70,6 +71,14 @@ class FinetuneConfig:
         "model",
     )
     gate: bool = option(False, "zero-initialised gate per routing point, with --from-scratch (delta modes)", "model")
+    routing_init: str = option(
+        "zero",
+        "the routing parameters of a new model, with --from-scratch: zero (queries 0, so every point starts with "
+        "uniform weights; routing exempt from weight decay) or released (as the paper's released code: queries drawn "
+        "from N(0, 0.02) and the routing parameters decayed like the matrices)",
+        "model",
+        choices=ROUTING_INITS,
+    )
     tokenizer: str | None = option(
         None, "tokenizer directory or Hub id (default: --model's; required with --from-scratch)", "model"
     )
@@ -135,7 +144,10 @@ class FinetuneConfig:
         None, "peak learning rate of the routing parameters (default: --lr)", "optimisation"
     )
     weight_decay: float = option(
-        0.1, "AdamW weight decay of matrices (norms, biases and routing are exempt)", "optimisation"
+        0.1,
+        "AdamW weight decay of matrices (norms, biases and routing are exempt; routing is not with --routing-init "
+        "released)",
+        "optimisation",
     )
     warmup_steps: int = option(100, "linear warm-up steps", "optimisation")
     min_lr_ratio: float = option(0.1, "the cosine schedule ends at this fraction of the peak rate", "optimisation")
@@ -186,6 +198,15 @@ class FinetuneConfig:
     def routing_lr(self) -> float:
         return self.lr if self.lr_routing is None else self.lr_routing
 
+    @property
+    def released_routing(self) -> bool:
+        """Whether the routing parameters start and decay as the paper's released code has them."""
+        return self.routing_init == "released"
+
+    @property
+    def routing_weight_decay(self) -> float:
+        return self.weight_decay if self.released_routing else 0.0
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -204,8 +225,11 @@ class FinetuneConfig:
                 raise CommandError(f"--from-scratch needs --mode, one of {', '.join(MODES)}")
             if self.gate and self.mode not in GATEABLE_MODES:
                 raise CommandError(f"--gate needs a delta mode ({', '.join(GATEABLE_MODES)}), not --mode {self.mode}")
-        elif self.preset or self.model_config or self.num_blocks is not None or self.gate:
-            raise CommandError("--preset, --model-config, --num-blocks and --gate only apply with --from-scratch")
+            if self.released_routing and self.mode == "baseline":
+                raise CommandError("--routing-init released needs a routing mode: the baseline has no routing")
+        elif self.preset or self.model_config or self.num_blocks is not None or self.gate or self.released_routing:
+            raise CommandError("--preset, --model-config, --num-blocks, --gate and --routing-init only apply with "
+                               "--from-scratch")  # fmt: skip
         if self.freeze_base and self.lora:
             raise CommandError("--freeze-base and --lora exclude each other")
         if self.quantize and not (self.lora and self.model):
@@ -278,10 +302,12 @@ def _config_changes(old: dict, new: dict) -> list[str]:
 def resume_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """The settings of a run (its options, `num_processes` and the resolved model configuration) that differ
     between the start of the run (`saved`) and its resumption (`current`), as `(refused, allowed)` lists of
-    `"--name OLD -> NEW"` (the model configuration as one entry); allowed are those in `RESUMABLE_OPTIONS`."""
+    `"--name OLD -> NEW"` (the model configuration as one entry); allowed are those in `RESUMABLE_OPTIONS`. An
+    option that `saved` does not record came after the run started, which therefore ran as its default does."""
+    defaults = {spec.name: spec.default for spec in fields(FinetuneConfig)}
     refused, allowed = [], []
     for name in sorted(saved.keys() | current.keys()):
-        old, new = saved.get(name, "(not recorded)"), current.get(name, "(not recorded)")
+        old, new = saved.get(name, defaults.get(name, "(not recorded)")), current.get(name, "(not recorded)")
         if old == new:
             continue
         if name == MODEL_CONFIGURATION and isinstance(old, dict) and isinstance(new, dict):

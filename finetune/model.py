@@ -163,6 +163,8 @@ def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTr
     model_class = MODEL_CLASSES[model_config.model_type]
     if config.from_scratch:
         model = model_class(model_config)
+        if config.released_routing:
+            draw_released_queries(model)
     else:
         with loading(f"--model {config.model}"):
             model = model_class.from_pretrained(config.model, config=model_config, dtype=torch.float32)
@@ -174,6 +176,18 @@ def build_model(config: FinetuneConfig, model_config: PretrainedConfig) -> PreTr
     if config.lora:
         model = add_lora(model, config.lora_rank, config.lora_alpha, config.lora_dropout)
     return model
+
+
+RELEASED_QUERY_STD = 0.02  # the paper's released code draws its routing queries from N(0, 0.02)
+
+
+def draw_released_queries(model: PreTrainedModel) -> None:
+    """Every routing query drawn from N(0, 0.02) as the paper's released code does, in place of the zeros that make
+    routing start uniform (`--routing-init released`): from the generator the model was initialised from."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if is_routing_parameter(name) and name.endswith(".query"):
+                parameter.normal_(0.0, RELEASED_QUERY_STD)
 
 
 def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) -> PeftModel:

@@ -6,7 +6,8 @@ Parameter groups:
   neutral value 1.
 - `routing`: queries, routing norm gains and gates, at `--lr-routing` without decay. Decay would pull each query
   towards 0, i.e. towards uniform routing, working against the sharp routing the method learns; it would pull each
-  gate towards 0, switching routing off; and the gains as above.
+  gate towards 0, switching routing off; and the gains as above. `--routing-init released` decays them as the
+  paper's released code does, to compare the two.
 """
 
 import math
@@ -23,12 +24,14 @@ from .model import is_routing_parameter
 BETAS = (0.9, 0.95)
 
 
-def parameter_groups(model: torch.nn.Module, lr: float, lr_routing: float, weight_decay: float) -> list[dict]:
+def parameter_groups(
+    model: torch.nn.Module, lr: float, lr_routing: float, weight_decay: float, routing_weight_decay: float
+) -> list[dict]:
     """The trainable parameters in the three groups above; each group carries its `name`."""
     groups = {
         "decay": dict(lr=lr, weight_decay=weight_decay),
         "no_decay": dict(lr=lr, weight_decay=0.0),
-        "routing": dict(lr=lr_routing, weight_decay=0.0),
+        "routing": dict(lr=lr_routing, weight_decay=routing_weight_decay),
     }
     members: dict[str, list] = {name: [] for name in groups}
     for name, parameter in model.named_parameters():
@@ -40,7 +43,7 @@ def parameter_groups(model: torch.nn.Module, lr: float, lr_routing: float, weigh
 
 
 def build_optimizer(model: torch.nn.Module, config: FinetuneConfig) -> AdamW:
-    groups = parameter_groups(model, config.lr, config.routing_lr, config.weight_decay)
+    groups = parameter_groups(model, config.lr, config.routing_lr, config.weight_decay, config.routing_weight_decay)
     optimizer = AdamW(groups, betas=BETAS, eps=1e-8)
     optimizer.register_load_state_dict_post_hook(_gate_moments_in_format)
     return optimizer

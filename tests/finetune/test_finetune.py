@@ -14,8 +14,8 @@ from delta_qwen3.corpus import python_docs_texts
 from delta_qwen3.texts import document_token_ids
 from finetune.config import parse_args
 from finetune.evaluation import validation_nll
-from finetune.model import build_model_config
-from finetune.optim import lr_factor, parameter_groups
+from finetune.model import build_model, build_model_config
+from finetune.optim import build_optimizer, lr_factor, parameter_groups
 from finetune.presets import preset_fields
 from modeling_delta_qwen3 import DeltaQwen3ForCausalLM
 
@@ -43,7 +43,8 @@ def test_schedule_warms_up_linearly_then_follows_a_cosine_to_the_floor():
 def test_parameter_groups_exempt_norms_and_routing_from_weight_decay(delta_checkpoint):
     model = DeltaQwen3ForCausalLM.from_pretrained(delta_checkpoint)
     model.lm_head.weight.requires_grad_(False)
-    groups = {group["name"]: group for group in parameter_groups(model, lr=1e-3, lr_routing=1e-2, weight_decay=0.1)}
+    groups = parameter_groups(model, lr=1e-3, lr_routing=1e-2, weight_decay=0.1, routing_weight_decay=0.0)
+    groups = {group["name"]: group for group in groups}
     names = {id(p): name for name, p in model.named_parameters()}
     members = {key: {names[id(p)] for p in group["params"]} for key, group in groups.items()}
 
@@ -54,6 +55,23 @@ def test_parameter_groups_exempt_norms_and_routing_from_weight_decay(delta_check
     assert [(groups[k]["lr"], groups[k]["weight_decay"]) for k in ("decay", "no_decay", "routing")] == [
         (1e-3, 0.1), (1e-3, 0.0), (1e-2, 0.0)
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("routing_init", ["zero", "released"])
+def test_released_routing_initialisation_draws_the_queries_and_decays_routing(tmp_path, tokenizer, routing_init):
+    new_model = ("--from-scratch", "--preset", "tiny", "--mode", "delta_block", "--tokenizer", "t")
+    config = parse_args(tiny_run_args(tmp_path / "data", tmp_path / "out", *new_model, "--routing-init", routing_init))
+    torch.manual_seed(0)
+    model = build_model(config, build_model_config(config, tokenizer))
+    queries = torch.stack([p for name, p in model.named_parameters() if name.endswith("_route.query")])
+    decay = {group["name"]: group["weight_decay"] for group in build_optimizer(model, config).param_groups}
+    if routing_init == "zero":
+        assert torch.count_nonzero(queries) == 0 and decay == {"decay": 0.1, "no_decay": 0.0, "routing": 0.0}
+    else:
+        assert queries.std().item() == pytest.approx(0.02, rel=0.05) and abs(queries.mean().item()) < 2e-3
+        assert decay == {"decay": 0.1, "no_decay": 0.0, "routing": 0.1}
+    norms = [p for name, p in model.named_parameters() if name.endswith("_route.norm.weight")]
+    assert all(torch.equal(norm, torch.ones_like(norm)) for norm in norms)  # only the queries are drawn
 
 
 @pytest.mark.parametrize(

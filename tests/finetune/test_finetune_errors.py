@@ -51,6 +51,21 @@ def test_seq_len_has_one_lower_bound(tmp_path, jsonl_corpus, capsys, seq_len):
 
 
 @pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "m", "--routing-init", "released"],
+         "--preset, --model-config, --num-blocks, --gate and --routing-init only apply with --from-scratch"),
+        (["--from-scratch", "--preset", "tiny", "--tokenizer", "t", "--mode", "baseline", "--routing-init", "released"],
+         "--routing-init released needs a routing mode: the baseline has no routing"),
+    ],
+)  # fmt: skip
+def test_released_routing_initialisation_needs_a_new_model_with_routing(tmp_path, jsonl_corpus, capsys, extra,
+                                                                        message):  # fmt: skip
+    assert failed(tiny_run_args(jsonl_corpus, tmp_path / "out", *extra), capsys) == f"finetune: error: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
     "option, value, message",
     [
         ("--lr", "nan", "--lr must be a finite number, got nan"),
@@ -141,7 +156,13 @@ def test_the_options_that_may_change_on_resume_are_options():
     names = {spec.name for spec in FinetuneConfig.__dataclass_fields__.values()}
     assert RESUMABLE_OPTIONS <= names and INVOCATION_OPTIONS <= names
     assert not RESUMABLE_OPTIONS & INVOCATION_OPTIONS
-    # An option the recorded settings lack (one added after the run started) is refused: it may change the run.
+    # An option the recorded settings lack was added after the run started, which ran as its default does: the
+    # default resumes, another value is refused; a setting that is no option at all is refused.
+    assert resume_changes({"seq_len": 32}, {"seq_len": 32, "routing_init": "zero"}) == ([], [])
+    assert resume_changes({"seq_len": 32}, {"routing_init": "released", "seq_len": 32}) == (
+        ["--routing-init zero -> released"],
+        [],
+    )
     assert resume_changes({"seq_len": 32}, {"seq_len": 32, "new_option": 1}) == (
         ["--new-option (not recorded) -> 1"],
         [],
