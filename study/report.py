@@ -186,7 +186,7 @@ def _series(summary: dict[str, dict], pick) -> dict[str, list[tuple[int, dict]]]
     return {label: sorted(points, key=lambda p: p[0]) for label, points in sorted(lines.items())}
 
 
-def _save(figure, path: Path) -> Path:
+def save_figure(figure, path: Path) -> Path:
     with atomic_output(path) as temporary:
         figure.savefig(temporary, format="png", dpi=120, bbox_inches="tight")
     plt.close(figure)
@@ -211,7 +211,7 @@ def plot_perplexity(summary: dict[str, dict], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
     _draw_against_depth(axis, summary, lambda entry: entry["val_ppl"], "validation perplexity")
     axis.legend(fontsize=8)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_sharpness_by_band(summary: dict[str, dict], path: Path) -> Path:
@@ -225,7 +225,7 @@ def plot_sharpness_by_band(summary: dict[str, dict], path: Path) -> Path:
             axis.set_title(f"{band} routing points", fontsize=10)
     if axes[0][-1].get_legend_handles_labels()[0]:  # none where no group routes (baselines only)
         axes[0][-1].legend(fontsize=8)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_paired_differences(paired: dict[str, dict], path: Path) -> Path:
@@ -251,7 +251,7 @@ def plot_paired_differences(paired: dict[str, dict], path: Path) -> Path:
         axis.set_xlabel("layers")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation perplexity difference, % (paired by seed)")
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_loss_curves(results: list[dict], path: Path) -> Path:
@@ -274,7 +274,7 @@ def plot_loss_curves(results: list[dict], path: Path) -> Path:
     axes[0][0].set_ylabel("validation loss")
     if axes[0][-1].get_legend_handles_labels()[0]:  # none where no group routes (baselines only)
         axes[0][-1].legend(fontsize=8)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 PICTURE_NAMES = ("ppl_vs_depth.png", "routing_sharpness_by_band.png", "paired_differences.png", "val_loss_curves.png")
