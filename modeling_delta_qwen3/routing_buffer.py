@@ -58,6 +58,7 @@ from .routing_math import (
     weighted_sum,
 )
 from .routing_math import logits as point_logits
+from .routing_modes import DepthData
 from .routing_sources import buffer_slots
 
 
@@ -74,7 +75,7 @@ def buffer_sources(h0: torch.Tensor, plan, table):
     return _BetweenGraphs(sources) if plan.compiling else sources
 
 
-class _BetweenGraphs:
+class _BetweenGraphs(DepthData):
     """Sources whose appending and routing `torch.compile` leaves out of its graphs."""
 
     def __init__(self, sources):
@@ -88,17 +89,12 @@ class _BetweenGraphs:
     def route(self, point, residual=None, own_source=None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.sources.route(point, residual, own_source)
 
-    def to(self, *args, **kwargs) -> "_BetweenGraphs":
-        self.sources = self.sources.to(*args, **kwargs)
-        return self
-
-
 def _slots(buffer: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
     """`buffer_slots` of a buffer that may not exist (None)."""
     return None if buffer is None else buffer_slots(buffer)
 
 
-class _ManyTokenStorage:
+class _ManyTokenStorage(DepthData):
     """The buffers of a forward pass over several tokens, and a routing point's forward pass over them (`mix`).
 
     The buffers are written through aliases that autograd does not track (`.data`), which do not count as
@@ -111,6 +107,8 @@ class _ManyTokenStorage:
     RMS are kept only for a backward pass or for points that compute their own logits."""
 
     keeps_for_backward = False
+    DERIVED = ("_value_slots", "_inv_rms_slots", "_logit_slots", "_queries", "_logits_by_point",
+               "_coefficient_buffers")  # fmt: skip
 
     def __init__(self, h0: torch.Tensor, plan, table):
         self.capacity, self.max_points = plan.capacity, len(plan.points)
@@ -135,9 +133,9 @@ class _ManyTokenStorage:
         self._eps = h0.new_full((), plan.eps, dtype=self.compute)
         # See `_coefficients`.
         self._coefficient_scratch = h0.new_empty(tokens * (self.capacity + 1), dtype=self.compute)
-        self._make_views()
+        self.derive()
 
-    def _make_views(self) -> None:
+    def derive(self) -> None:
         """The views that writing a source and routing a point index: each slot of each buffer, the values' and
         inverse RMS' shaped like the sources, each point's logits."""
         self._value_slots = _slots(self.values.view(self.capacity, *self.shape))
@@ -202,17 +200,6 @@ class _ManyTokenStorage:
             self._coefficient_buffers[sources] = by_token.view(tokens, sources).T, by_token
         return self._coefficient_buffers[sources]
 
-    def to(self, *args, **kwargs) -> None:
-        """Moves the buffers to another device in place: points already evaluated hold the storage and read its
-        counts in the backward pass."""
-        self.values = self.values.to(*args, **kwargs)
-        device = self.values.device
-        for name in ("inv_rms", "logits", "queries", "_eps", "_coefficient_scratch"):
-            if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name).to(device=device))
-        self._make_views()
-
-
 class PromptBuffer(_ManyTokenStorage):
     """The sources of a forward pass without autograd over several tokens."""
 
@@ -224,16 +211,13 @@ class PromptBuffer(_ManyTokenStorage):
         routed, alpha = self.mix(point, residual, own_source)[:2]
         return routed, alpha.T
 
-    def to(self, *args, **kwargs) -> "PromptBuffer":
-        super().to(*args, **kwargs)
-        return self
-
-
 class _TrainingStorage(_ManyTokenStorage):
     """The buffers of a forward pass that autograd records, shared with the backward passes of its routing points,
-    and what those leave for the sources' gradients (`backward_store`)."""
+    and what those leave for the sources' gradients (`backward_store`). Moved in place: the points' backward
+    passes hold it, and read its counts and what later points wrote."""
 
     keeps_for_backward = True
+    IN_PLACE = True
 
     def __init__(self, h0: torch.Tensor, plan, table):
         super().__init__(h0, plan, table)
@@ -255,7 +239,7 @@ class _TrainingStorage(_ManyTokenStorage):
         return self.store
 
 
-class TrainingBuffer:
+class TrainingBuffer(DepthData):
     """The sources of a forward pass that autograd records: appending and routing are autograd functions whose
     backward passes are written by hand (see the module docstring)."""
 
@@ -273,12 +257,7 @@ class TrainingBuffer:
         """See `routing_sources.Sources.route`."""
         return _Route.apply(self.storage, self.order, residual, point.gate, point.w, own_source, point)
 
-    def to(self, *args, **kwargs) -> "TrainingBuffer":
-        self.storage.to(*args, **kwargs)
-        return self
-
-
-class OneTokenBuffer:
+class OneTokenBuffer(DepthData):
     """The sources of a decoding step of one sequence, without autograd, routed in products of a single batch over
     `[1, 1, D]`-shaped operands, the sources' shape: the same values in fewer dispatched operations (no reshaping,
     the sources kept in the compute dtype and their transposes made once, the gates as numbers), which at one token
@@ -287,6 +266,8 @@ class OneTokenBuffer:
     The sources are rows of a `[capacity, D + 32]` buffer padded with `sqrt(D eps)` (the padding keeps rows 64-byte
     aligned), whose norms stand in for the inverse RMS (`routing_math.one_token_logits`); the factor `sqrt(D)` is in
     the query rows."""
+
+    DERIVED = ("values", "_value_slots", "_padded_slots", "_norm_slots", "_query_rows", "_prefixes")
 
     def __init__(self, h0: torch.Tensor, plan, table):
         self.capacity, self.dtype, self.compute = plan.capacity, h0.dtype, compute_dtype(h0.dtype)
@@ -299,9 +280,9 @@ class OneTokenBuffer:
         self.queries = table.queries
         # The gates as numbers, read once rather than at every point.
         self._gate_values = None if table.gates is None else table.gates.tolist()
-        self._make_views()
+        self.derive()
 
-    def _make_views(self) -> None:
+    def derive(self) -> None:
         """The slots of the padded rows and norms; `sqrt(D) w_p` `[1, 1, D]` of each point where the queries are
         stacked; and for each count n of sources, the first n values `[1, n, D]`, transposed, and norms `[1, 1, n]`."""
         hidden = self.shape[-1]
@@ -346,15 +327,6 @@ class OneTokenBuffer:
         else:  # the gate, a number, scales the product inside `baddbmm`
             out = torch.baddbmm(as_dtype(residual, self.compute), coefficients, x, alpha=1 if scale is None else scale)
         return as_dtype(out, self.dtype), alpha
-
-    def to(self, *args, **kwargs) -> "OneTokenBuffer":
-        self.padded = self.padded.to(*args, **kwargs)
-        device = self.padded.device
-        self.norms = self.norms.to(device=device)
-        self.queries = None if self.queries is None else self.queries.to(device=device)
-        self._make_views()
-        return self
-
 
 class _BackwardStore:
     """What each routing point's backward pass leaves for its sources' gradients: its output gradient `G_p`, per

@@ -10,8 +10,6 @@ sources exist anyway), so training memory stays linear in depth. Where the point
 known up front (sharded by FSDP), each point scores its sources itself.
 """
 
-from collections.abc import Iterator
-
 import torch
 
 from .routing_math import (
@@ -60,18 +58,3 @@ class CompiledSources(SourceList):
         weights = alpha.view(len(tensors), *like.shape[:-1])
         mix = weighted_sum_of_list([as_dtype(t, point.w.dtype) for t in tensors], weights)
         return as_dtype(gated_residual(mix, residual, point.gate), like.dtype), alpha.T.detach()
-
-    def carried(self) -> list[torch.Tensor]:
-        return [*super().carried(), *(s for s in self.source_logits if s is not None)]
-
-    def with_carried(self, tensors: Iterator[torch.Tensor], table) -> "CompiledSources":
-        copied = super().with_carried(tensors, table)
-        copied.source_logits = [None if s is None else next(tensors) for s in self.source_logits]
-        copied.queries = table.queries
-        return copied
-
-    def to(self, *args, **kwargs) -> "CompiledSources":
-        moved = super().to(*args, **kwargs)
-        moved.source_logits = [None if s is None else s.to(*args, **kwargs) for s in self.source_logits]
-        moved.queries = None if self.queries is None else self.queries.to(*args, **kwargs)
-        return moved

@@ -14,10 +14,9 @@ gradient splits into source j's and the previous prefix's; the sources a group's
 theirs directly. The forward pass saves nothing of the sources but views of the one buffer.
 """
 
-import copy
-
 import torch
 
+from .routing_modes import DepthData
 from .routing_op import PartialFunction, RouteFunction, has_kernels, route
 from .routing_sources import buffer_slots
 
@@ -62,7 +61,7 @@ class _AppendSource(torch.autograd.Function):
         return None, None, None, grad_x, grad_prefix[: ctx.slot] if ctx.slot else None
 
 
-class _Group:
+class _Group(DepthData):
     """The points of one group: the index of its first, the count of sources read together, and each point's
     partial mixture and logits over them."""
 
@@ -74,29 +73,29 @@ class _Group:
     def __contains__(self, index: int) -> bool:
         return self.first <= index < self.first + len(self.mixes)
 
-    def to(self, *args, **kwargs) -> "_Group":
-        moved = copy.copy(self)
-        moved.mixes = tuple(t.to(*args, **kwargs) for t in self.mixes)
-        moved.logits = tuple(t.to(*args, **kwargs) for t in self.logits)
-        return moved
 
 
-class FusedSources:
+class FusedSources(DepthData):
     """The sources of one forward pass in one buffer, and each routing point one registered operation over them
     (see the module docstring)."""
+
+    DERIVED = ("slots",)
 
     def __init__(self, h0: torch.Tensor, plan, table):
         self.eps, self.grad, self.table = plan.eps, plan.grad, table
         self.point_count, self.group_size = len(plan.points), group_size(h0.shape[-1])
         self.buffer = h0.new_empty(plan.capacity, *h0.shape)
-        # Untracked only for autograd: without it, the alias would cost a decoding step one more operation.
-        self.slots = buffer_slots(self.buffer, untracked=self.grad)
+        self.derive()
         self.count = 0
         # With autograd: the sources so far as `_AppendSource` returned them; the current group, and the sources
         # appended since it started, one by one (what its points read after `start`).
         self.prefix: torch.Tensor | None = None
         self.group: _Group | None = None
         self.since_group: list[torch.Tensor] = []
+
+    def derive(self) -> None:
+        # Untracked only for autograd: without it, the alias would cost a decoding step one more operation.
+        self.slots = buffer_slots(self.buffer, untracked=self.grad)
 
     def append(self, x: torch.Tensor) -> None:
         if self.grad:
@@ -141,16 +140,3 @@ class FusedSources:
         last = min(first + self.group_size, self.point_count)
         w_group = self.table.queries[first:last]
         return _Group(first, self.count, PartialFunction.apply(self.prefix, self.count, w_group, self.eps))
-
-    def to(self, *args, **kwargs) -> "FusedSources":
-        """A copy on another device, the buffer copied with what it holds (accelerate's device hooks move the depth
-        state between layers); the sources themselves where nothing moves."""
-        buffer = self.buffer.to(*args, **kwargs)
-        if buffer is self.buffer:
-            return self
-        moved = copy.copy(self)
-        moved.buffer, moved.slots = buffer, buffer_slots(buffer, untracked=self.grad)
-        moved.prefix = None if self.prefix is None else self.prefix.to(*args, **kwargs)
-        moved.since_group = [x.to(*args, **kwargs) for x in self.since_group]
-        moved.group = None if self.group is None else self.group.to(*args, **kwargs)
-        return moved

@@ -16,10 +16,14 @@ computes `residual + gamma * mix` with the residual 0 and `gamma` 1 where a mode
 
 Adding a mode: its `DepthState` subclass and its `RoutingMode` entry here, and its spec in SPEC section 2; the
 configuration, conversion, model card, tests and benchmarks take it from `ROUTING_MODES` (docs/DESIGN.md).
+
+The depth state is data (`DepthData`): the state, its points' parameters and its implementation's sources are
+objects of attributes whose tensors one generic walk moves (`to`, which accelerate's device hooks call), lists
+(`carried`) and replaces (`with_carried`, what gradient checkpointing recomputes a layer from).
 """
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -29,20 +33,95 @@ import torch
 # named in annotations only.
 
 
+class DepthData:
+    """An object of the depth state: the state itself (`DepthState`), its points' parameters (`PointTable`) and its
+    sources as each implementation keeps them. Its data are its attributes, walked through (with the lists and
+    tuples and other `DepthData` they hold) by the three things done to a state, which every class therefore gets
+    from here and none writes for itself:
+
+    - `to`: a copy with every tensor moved like `Tensor.to` (accelerate's device hooks move the state between layers
+      on different devices);
+    - `carried`: every tensor, in the order of the walk (gradient checkpointing passes them to a layer positionally);
+    - `with_carried`: a copy holding other tensors in their places (the state a recomputed layer works on).
+
+    The convention, the one there is: the caller keeps what these return and no longer uses the object it called.
+    Attributes named in `DERIVED` (views of the data and caches over them) are not walked: `derive` remakes them in a
+    copy. A class whose objects autograd's saved contexts hold and read after a move (`IN_PLACE`: the buffer's
+    storage, whose counts earlier points' backward passes read) is updated in place instead of copied; such an
+    object is never in a layer that gradient checkpointing recomputes. Anything else an attribute holds (numbers,
+    modules, shapes) is kept as it is."""
+
+    DERIVED: tuple[str, ...] = ()
+    IN_PLACE = False
+
+    def derive(self) -> None:
+        """Remake the attributes in `DERIVED` from the data."""
+
+    def to(self, *args, **kwargs):
+        return map_tensors(self, lambda tensor: tensor.to(*args, **kwargs), copy_unchanged=False)
+
+    def carried(self) -> list[torch.Tensor]:
+        return tensors_in(self)
+
+    def with_carried(self, tensors: Iterable[torch.Tensor]):
+        tensors = iter(tensors)
+        copied = map_tensors(self, lambda _: next(tensors), copy_unchanged=True)
+        if next(tensors, None) is not None:
+            raise ValueError("more tensors than the depth state carries")
+        return copied
+
+
+def _parts(value) -> dict | list | tuple | None:
+    """What the walk goes through in `value`: a `DepthData`'s attributes but those in `DERIVED` (by name), a list's
+    or tuple's items; None for anything else."""
+    if isinstance(value, DepthData):
+        return {name: part for name, part in vars(value).items() if name not in value.DERIVED}
+    return value if type(value) in (list, tuple) else None
+
+
+def tensors_in(value) -> list[torch.Tensor]:
+    """Every tensor in `value`, in the order of the walk."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    parts = _parts(value)
+    return [] if parts is None else [t for part in (parts.values() if isinstance(parts, dict) else parts)
+                                     for t in tensors_in(part)]  # fmt: skip
+
+
+def map_tensors(value, function: Callable[[torch.Tensor], torch.Tensor], copy_unchanged: bool):
+    """`value` with every tensor in it replaced by `function(tensor)`, in the order of the walk: its lists, tuples
+    and `DepthData` copied (or updated in place: see `DepthData`), but where `function` changed none of their tensors
+    and not `copy_unchanged`, themselves (a state moved where it already is stays the same state)."""
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    parts = _parts(value)
+    if parts is None:
+        return value
+    if isinstance(parts, dict):
+        mapped = {name: map_tensors(part, function, copy_unchanged) for name, part in parts.items()}
+        if not copy_unchanged and all(mapped[name] is part for name, part in parts.items()):
+            return value
+        copied = value if value.IN_PLACE else copy.copy(value)
+        copied.__dict__.update(mapped)
+        copied.derive()
+        return copied
+    mapped = [map_tensors(part, function, copy_unchanged) for part in parts]
+    if not copy_unchanged and all(new is old for new, old in zip(mapped, parts)):
+        return value
+    return type(value)(mapped)
+
+
 def _blocks_formed(config) -> int:
     """How many blocks the layers form: fewer than `routing_num_blocks` when `layers_per_block` is rounded up."""
     return -(-config.num_hidden_layers // config.layers_per_block)
 
 
-class DepthState:
+class DepthState(DepthData):
     """What one forward pass carries over depth: the points' parameters (`PointTable`), the sources routed over
     (made by the plan's implementation), the routing weights so far, and each mode's own tensors.
 
     Layers receive the state as an argument and hand it back, so nothing crosses depth through module attributes.
     """
-
-    # The tensors of the state's own, besides its table's and its sources' (`carried`); subclasses add theirs.
-    TENSORS: tuple[str, ...] = ("h0",)
 
     def __init__(self, h0: torch.Tensor, config, point_count: int, table: "PointTable", sources: "Sources"):
         """`point_count`: how many routing points the forward pass runs; `table`: their parameters; `sources`: made
@@ -94,40 +173,8 @@ class DepthState:
         """The hidden state that goes into the final norm (through the final point in the AttnRes modes)."""
         raise NotImplementedError
 
-    def carried(self) -> list[torch.Tensor]:
-        """Every tensor the state holds that gradients flow through, in an order `with_carried` takes them back in."""
-        own = (getattr(self, name) for name in self.TENSORS)
-        return [*self.table.carried(), *self.sources.carried(), *(tensor for tensor in own if tensor is not None)]
-
-    def with_carried(self, tensors: Iterable[torch.Tensor]) -> "DepthState":
-        """A copy of the state holding `tensors` in place of `carried()`: what a layer recomputed by gradient
-        checkpointing works on, so that the state it was given stays as it was."""
-        tensors = iter(tensors)
-        copied = copy.copy(self)
-        copied.table = self.table.with_carried(tensors)
-        copied.sources = self.sources.with_carried(tensors, copied.table)
-        for name in self.TENSORS:
-            if getattr(self, name) is not None:
-                setattr(copied, name, next(tensors))
-        copied.routing_weights = list(self.routing_weights)
-        if next(tensors, None) is not None:
-            raise ValueError("more tensors than the depth state carries")
-        return copied
-
-    def to(self, *args, **kwargs) -> "DepthState":
-        """A copy with every tensor moved, so that device-placement hooks (accelerate) can move the state."""
-        moved = copy.copy(self)
-        moved.table, moved.sources = self.table.to(*args, **kwargs), self.sources.to(*args, **kwargs)
-        for name in self.TENSORS:
-            if getattr(self, name) is not None:
-                setattr(moved, name, getattr(self, name).to(*args, **kwargs))
-        return moved
-
-
 class _AdditiveState(DepthState):
     """Delta modes: the ordinary residual stream is kept and the routed mixture is added to it."""
-
-    TENSORS = (*DepthState.TENSORS, "hidden")
 
     def __init__(self, h0, config, point_count, table, sources):
         super().__init__(h0, config, point_count, table, sources)
@@ -169,8 +216,6 @@ class DeltaBlockState(_AdditiveState):
     """`delta_block`: the change of the residual stream over each finished block is a source, visible from the
     next block's first attention sublayer on."""
 
-    TENSORS = (*_AdditiveState.TENSORS, "block_start")
-
     def __init__(self, h0, config, point_count, table, sources):
         super().__init__(h0, config, point_count, table, sources)
         self.block_start = h0
@@ -206,8 +251,6 @@ class AttnResFullState(DepthState):
 class AttnResBlockState(DepthState):
     """`attnres_block`: sources are the embedding and finished block sums `B_j`, plus the running partial sum `P`
     of the current block."""
-
-    TENSORS = (*DepthState.TENSORS, "partial")
 
     def __init__(self, h0, config, point_count, table, sources):
         super().__init__(h0, config, point_count, table, sources)

@@ -1,14 +1,12 @@
 """Routing points: the parameters of each (`RoutingPoint`), and those of all the points of one forward pass resolved
 into plain tensors, once per point (`PointTable`, `ResolvedPoint`), which is all an implementation sees of them."""
 
-import copy
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .routing_math import compute_dtype, point_query
+from .routing_modes import DepthData
 from .routing_sources import ResolvedPoint
 
 
@@ -91,7 +89,7 @@ def stacked_gates(points: list[RoutingPoint], like: torch.Tensor) -> torch.Tenso
     return gates.view(len(points)) if gates is not None and gates.shape == (len(points), 1) else None
 
 
-class PointTable:
+class PointTable(DepthData):
     """The routing points' parameters for one forward pass, in the order the points run, resolved once per point
     (`resolve`): stacked up front (`queries` `[points, D]`, and `gates` `[points]` for an implementation that reads
     them all at once, `stack_gates`) when they are whole ordinary tensors on the hidden states' device, else read
@@ -99,16 +97,19 @@ class PointTable:
     parameter, which a point can take as it is). Implementations that score sources against every later point when
     the sources are written read `queries`; None when not stacked."""
 
+    DERIVED = ("_query_rows", "_gate_rows")
+
     def __init__(self, points: list[RoutingPoint], like: torch.Tensor, stack_gates: bool):
         self.points, self.dtype = points, compute_dtype(like.dtype)
         self.gated = any(point.gate is not None for point in points)
-        self._set(stacked_queries(points, like), stacked_gates(points, like) if stack_gates else None)
+        self.queries = stacked_queries(points, like)
+        self.gates = stacked_gates(points, like) if stack_gates else None
+        self.derive()
 
-    def _set(self, queries: torch.Tensor | None, gates: torch.Tensor | None) -> None:
+    def derive(self) -> None:
         # Rows made once: indexing costs a dispatched operation per point.
-        self.queries, self.gates = queries, gates
-        self._query_rows = None if queries is None else queries.unbind(0)
-        self._gate_rows = None if gates is None else gates.unbind(0)
+        self._query_rows = None if self.queries is None else self.queries.unbind(0)
+        self._gate_rows = None if self.gates is None else self.gates.unbind(0)
 
     def resolve(self, index: int) -> ResolvedPoint:
         """The point that runs `index`-th, as plain tensors."""
@@ -120,20 +121,3 @@ class PointTable:
             gate = own_gate if gate is None else gate
         return ResolvedPoint(index, w, gate)
 
-    def carried(self) -> list[torch.Tensor]:
-        return [tensor for tensor in (self.queries, self.gates) if tensor is not None]
-
-    def with_carried(self, tensors: Iterator[torch.Tensor]) -> "PointTable":
-        copied = copy.copy(self)
-        copied._set(*(None if tensor is None else next(tensors) for tensor in (self.queries, self.gates)))
-        return copied
-
-    def to(self, *args, **kwargs) -> "PointTable":
-        """The table itself where nothing moves (as `Tensor.to`): its rows then stay views of one stacked tensor."""
-        tensors = (self.queries, self.gates)
-        moved_tensors = [None if tensor is None else tensor.to(*args, **kwargs) for tensor in tensors]
-        if all(a is b for a, b in zip(moved_tensors, tensors)):
-            return self
-        moved = copy.copy(self)
-        moved._set(*moved_tensors)
-        return moved

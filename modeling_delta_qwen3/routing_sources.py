@@ -4,12 +4,13 @@ it (`Implementation`), and sources kept as a list, for the implementations that 
 (`SourceList`). Implementations import this module and `routing_math`, never each other or the reference.
 """
 
-import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
+
+from .routing_modes import DepthData
 
 if TYPE_CHECKING:
     from .routing_points import PointTable, RoutingPoint
@@ -46,7 +47,8 @@ class SourcesPlan(Protocol):
 
 class Sources(Protocol):
     """The sources of one forward pass, made by an implementation as `sources(h0, plan, table)` (`h0` is not yet
-    appended), and the routing of each point over them."""
+    appended), and the routing of each point over them: a `routing_modes.DepthData`, which the depth state moves,
+    carries and copies with the rest of it."""
 
     def append(self, x: torch.Tensor) -> None:
         """Adds a source, shaped like `h0`."""
@@ -56,20 +58,6 @@ class Sources(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual + gate * mix` (the residual 0 and the gate 1 when None) over the sources and `own_source`, a source
         this point alone reads; and the routing weights `[tokens, n_sources]`."""
-
-    def to(self, *args, **kwargs) -> "Sources":
-        """The sources moved like `Tensor.to` (accelerate's device hooks move the depth state between layers). The
-        one convention: the caller keeps what is returned and drops what it called, so an implementation may
-        return itself moved in place (the buffer must: earlier points' backward passes hold its storage) or a
-        moved copy."""
-
-    # Only implementations that route layers recomputed by gradient checkpointing (`Implementation.not_recomputable`
-    # None):
-    def carried(self) -> list[torch.Tensor]:
-        """Every tensor held that gradients flow through, in the order `with_carried` takes them back."""
-
-    def with_carried(self, tensors: Iterator[torch.Tensor], table: "PointTable") -> "Sources":
-        """A copy holding the next of `tensors` in place of `carried()`, and the points' parameters of `table`."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +72,7 @@ class Implementation:
     stacked_gates: bool = False
 
 
-class SourceList:
+class SourceList(DepthData):
     """The sources of one forward pass as a list of tensors, for the implementations that keep them apart; each
     subclass routes a point over them (`route`)."""
 
@@ -95,17 +83,3 @@ class SourceList:
     def append(self, x: torch.Tensor) -> None:
         self.tensors.append(x)
 
-    def carried(self) -> list[torch.Tensor]:
-        """The tensors routed over (see `DepthState.carried`)."""
-        return list(self.tensors)
-
-    def with_carried(self, tensors: Iterator[torch.Tensor], table) -> "SourceList":
-        """A copy holding the next `len(self.tensors)` of `tensors` in place of its own."""
-        copied = copy.copy(self)
-        copied.tensors = [next(tensors) for _ in self.tensors]
-        return copied
-
-    def to(self, *args, **kwargs) -> "SourceList":
-        moved = copy.copy(self)
-        moved.tensors = [t.to(*args, **kwargs) for t in self.tensors]
-        return moved

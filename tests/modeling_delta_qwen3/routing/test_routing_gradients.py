@@ -71,3 +71,32 @@ def test_accelerate_device_hooks_keep_loss_and_gradients(mode):
     assert hooked_grads.keys() == grads.keys()
     for name in grads:
         torch.testing.assert_close(hooked_grads[name], grads[name], atol=0, rtol=0, msg=name)
+
+
+def _moving_every_tensor(layer, args, kwargs):
+    """A device hook that moves as far as the CPU can: every tensor of the depth state copied (`Tensor.to`'s
+    `copy=True`), as a move to another GPU copies them."""
+    state, *rest = args
+    before = state.carried()
+    moved = state.to("cpu", copy=True)
+    assert all(new is not old for new, old in zip(moved.carried(), before, strict=True))
+    return (moved, *rest), kwargs
+
+
+@pytest.mark.parametrize("implementation", ["buffer", "fused", "compiled", "reference"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_state_moved_between_layers_keeps_loss_and_gradients(mode, implementation):
+    """Every tensor of the depth state copied before every layer, as a move between devices copies them (the
+    buffer's storage in place, which its earlier points' backward passes hold): the same loss and gradients, in
+    float64."""
+    model = random_model(mode, gated=ROUTING_MODES[mode].gateable).train().double()
+    model.set_routing_implementation(implementation)
+    ids = token_ids()
+    loss, grads = _loss_and_grads(model, ids)
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(_moving_every_tensor, with_kwargs=True)
+    moved_loss, moved_grads = _loss_and_grads(model, ids)
+    torch.testing.assert_close(moved_loss, loss, atol=1e-12, rtol=0)
+    assert moved_grads.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(moved_grads[name], grads[name], atol=1e-12, rtol=1e-10, msg=name)
