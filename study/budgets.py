@@ -32,13 +32,15 @@ def read_study(source: str) -> tuple[str, list[dict]]:
     return label or Path(directory).name, json.loads(path.read_text())["runs"]
 
 
-def paired_runs(runs: list[dict], mode: str, against: str, num_blocks: int | None) -> dict[int, tuple[dict, dict]]:
+def paired_runs(
+    runs: list[dict], mode: str, against: str, num_blocks: int | None, seeds: list[int] | None = None
+) -> dict[int, tuple[dict, dict]]:
     """seed -> (the run of `mode`, the run of `against`) for the seeds that have both (block modes: of
-    `num_blocks` blocks)."""
+    `num_blocks` blocks), among `seeds` if given."""
 
     def of(name: str) -> dict[int, dict]:
-        return {run["seed"]: run for run in runs
-                if run["mode"] == name and run["num_blocks"] in (num_blocks, None)}  # fmt: skip
+        return {run["seed"]: run for run in runs if run["mode"] == name and run["num_blocks"] in (num_blocks, None)
+                and (seeds is None or run["seed"] in seeds)}  # fmt: skip
 
     first, second = of(mode), of(against)
     return {seed: (first[seed], second[seed]) for seed in sorted(first.keys() & second.keys())}
@@ -63,11 +65,13 @@ def budget_entry(label: str, pairs: dict[int, tuple[dict, dict]]) -> dict:
             "below": sum(d < 0 for d in differences), "loss_gap": gap}  # fmt: skip
 
 
-def compare_budgets(studies: list[tuple[str, list[dict]]], mode: str, against: str, num_blocks: int) -> list[dict]:
+def compare_budgets(
+    studies: list[tuple[str, list[dict]]], mode: str, against: str, num_blocks: int, seeds: list[int] | None = None
+) -> list[dict]:
     """One entry per study, in the order of their budgets (steps)."""
     entries = []
     for label, runs in studies:
-        pairs = paired_runs(runs, mode, against, num_blocks)
+        pairs = paired_runs(runs, mode, against, num_blocks, seeds)
         if not pairs:
             raise CommandError(f"{label}: no seed has runs of both {mode} and {against} ({num_blocks} blocks)")
         entries.append(budget_entry(label, pairs))
@@ -114,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, default="delta_block")
     parser.add_argument("--against", choices=MODES, default="attnres_block")
     parser.add_argument("--num-blocks", type=int, default=4, help="block count of the block modes compared")
+    parser.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: every seed paired)")
     args = parser.parse_args(argv)
 
     def compare() -> None:
-        entries = compare_budgets([read_study(s) for s in args.studies], args.mode, args.against, args.num_blocks)
+        studies = [read_study(source) for source in args.studies]
+        entries = compare_budgets(studies, args.mode, args.against, args.num_blocks, args.seeds)
         print(format_budgets(entries, args.mode, args.against))
         args.out.mkdir(parents=True, exist_ok=True)
         write_json(args.out / "budgets.json", {"mode": args.mode, "against": args.against,

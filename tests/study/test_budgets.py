@@ -62,3 +62,11 @@ def test_a_study_without_results_or_without_pairs_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith("lonely: no seed has runs of both delta_block and attnres_block "
                                                     "(4 blocks)")  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_seeds_can_be_limited_to_those_of_another_study(tmp_path):
+    runs = [_run(mode, seed, 50.0 + seed, [[0, 8.3], [1, 6.0 + seed]]) for seed in range(3)
+            for mode in ("delta_block", "attnres_block")]  # fmt: skip
+    studies = [("ten", runs)]
+    assert budgets.compare_budgets(studies, "delta_block", "attnres_block", 4, seeds=[0, 2])[0]["seeds"] == [0, 2]
+    assert budgets.compare_budgets(studies, "delta_block", "attnres_block", 4)[0]["seeds"] == [0, 1, 2]
