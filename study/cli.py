@@ -101,9 +101,11 @@ def _shared_finetune_args(args: argparse.Namespace) -> tuple[list[str], Finetune
         for blocks in args.num_blocks if set(args.modes) & set(BLOCK_MODES) else []:
             if not 1 <= blocks <= layers:
                 raise CommandError(f"--num-blocks {blocks} must be between 1 and the depth, here {layers}")
-    config = parse_args([*shared, "--from-scratch", "--preset", args.preset, "--mode", "baseline",
-                         "--output-dir", str(args.out)])  # fmt: skip
-    return shared, config
+    # Parsed as each mode's runs will parse them, so that an option a mode does not take (--gate, --routing-init) is
+    # refused now, not when its first run starts.
+    configs = [parse_args([*shared, "--from-scratch", "--preset", args.preset, "--mode", mode,
+                           "--output-dir", str(args.out)]) for mode in args.modes]  # fmt: skip
+    return shared, configs[0]
 
 
 def study_record(args: argparse.Namespace, config: FinetuneConfig) -> dict:

@@ -143,13 +143,24 @@ def test_the_modes_without_blocks_train_shallower_than_the_default_block_count(t
         (["--depths", "2", "--modes", "delta_block", "--", "--data", "d"],
          "--num-blocks 4 must be between 1 and the depth, here 2"),
         (["--seeds", "1", "1", "--", "--data", "d"], "--seeds must be distinct, got [1, 1]"),
+        (["--modes", "delta_block", "baseline", "--", "--data", "d", "--tokenizer", "t", "--routing-init", "released"],
+         "--routing-init released needs a routing mode: the baseline has no routing"),
+        (["--modes", "delta", "attnres_full", "--", "--data", "d", "--tokenizer", "t", "--gate"],
+         "--gate needs a delta mode (delta, delta_block), not --mode attnres_full"),
     ],
-)
+)  # fmt: skip
 def test_bad_study_options_are_one_line_and_exit_2(tmp_path, capsys, extra, message):
     assert main(["study", "--out", str(tmp_path / "study"), *extra]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith(f"delta-qwen3 study: error: {message}")
     assert not (tmp_path / "study").exists()
+
+
+def test_options_that_only_some_modes_take_are_taken_by_a_study_of_those_modes(tmp_path):
+    args = build_parser().parse_args(["study", "--out", str(tmp_path / "study"), "--modes", "delta_block", "delta",
+                                      "--", "--data", "d", "--tokenizer", "t", "--routing-init", "released", "--gate"])  # fmt: skip
+    shared, config = _shared_finetune_args(args)
+    assert shared[-3:] == ["--routing-init", "released", "--gate"] and config.released_routing and config.gate
 
 
 def build_deb(directory, name: str, version: str, files: dict[str, str]):
