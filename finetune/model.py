@@ -3,15 +3,20 @@ everything, only the routing parameters (`--freeze-base`), or LoRA adapters plus
 
 The configuration is built and checked first (`build_model_config`), so that a wrong mode or sequence length is
 reported before any weights are read.
+
+PEFT is imported by LoRA runs only: importing it imports bitsandbytes where that is installed, whose CPU backend
+(0.50, on a CPU with AVX512-BF16) fetches a kernel from the Hub as it is imported, a download (and code) that a run
+without LoRA has not asked for.
 """
 
 import hashlib
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 from conversion.target_config import default_num_blocks
@@ -24,6 +29,9 @@ from modeling_delta_qwen3 import DeltaQwen3Config, DeltaQwen3ForCausalLM
 
 from .config import FinetuneConfig
 from .presets import preset_fields
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ROUTING_MARK = "_route."  # in every routing parameter's name: attn_route, mlp_route, final_route
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -190,13 +198,15 @@ def draw_released_queries(model: PreTrainedModel) -> None:
                 parameter.normal_(0.0, RELEASED_QUERY_STD)
 
 
-def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) -> PeftModel:
+def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) -> "PeftModel":
     """Wrap `model` with LoRA adapters on the base's linear layers; routing parameters train in full.
 
     The routing parameters are made trainable in place, so that a checkpoint and the merged model hold them under
     their ordinary names. (`--quantize` trains them through PEFT's `modules_to_save` instead, whose wrapper hands the
     routing code its trained copy, so that its saved adapters hold them: `quantization.py`.)
     """
+    from peft import LoraConfig, get_peft_model  # here: see the module's docstring
+
     lora_config = LoraConfig(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"
     )
@@ -207,6 +217,7 @@ def add_lora(model: PreTrainedModel, rank: int, alpha: float, dropout: float) ->
     return peft_model
 
 
-def merge_lora(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
+def merge_lora(model: "PreTrainedModel | PeftModel") -> PreTrainedModel:
     """The ordinary model: LoRA updates folded into the base weights (in place), or `model` itself without LoRA."""
-    return model.merge_and_unload() if isinstance(model, PeftModel) else model
+    peft = sys.modules.get("peft")  # None: no LoRA in this process (the module's docstring)
+    return model.merge_and_unload() if peft is not None and isinstance(model, peft.PeftModel) else model

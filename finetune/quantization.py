@@ -12,10 +12,10 @@ A checkpoint holds only the parameters that train: the quantised base is loaded 
 """
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
-from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
@@ -27,6 +27,9 @@ from modeling_delta_qwen3.modeling_delta_qwen3 import ROUTING_MODULES
 
 from .config import FinetuneConfig
 from .model import LORA_TARGETS, MODEL_CLASSES, enable_activation_checkpointing
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER_NAME = "adapter"
 # Compute dtype of the quantised layers, by accelerate's mixed precision.
@@ -60,10 +63,14 @@ def quantization_config(bits: str, mixed_precision: str):
                               bnb_4bit_compute_dtype=compute_dtype)  # fmt: skip
 
 
-def build_quantized_model(config: FinetuneConfig, model_config: PretrainedConfig, accelerator: Accelerator) -> PeftModel:
+def build_quantized_model(
+    config: FinetuneConfig, model_config: PretrainedConfig, accelerator: Accelerator
+) -> "PeftModel":
     """--model loaded quantised onto this process's device (its other parameters in float32), prepared for training
     as PEFT prepares any quantised model, with LoRA adapters on its projections and its routing points trained in
     float32 copies (`modules_to_save`)."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training  # LoRA runs only (model.py)
+
     bnb_config = quantization_config(config.quantize, accelerator.mixed_precision)
     with loading(f"--model {config.model} quantised to {config.quantize}"):
         model = MODEL_CLASSES[model_config.model_type].from_pretrained(

@@ -1,25 +1,30 @@
 """`make demo`'s job end to end at a tiny budget, as `python -m demo` in a fresh process: every step runs and the
-summary holds what the README's table shows; a step that fails ends the demo with one line, not a traceback."""
+summary holds what the README's table shows, without a single Hub request though the Hub is reachable (its data,
+tokenizer and models are built locally); a step that fails ends the demo with one line, not a traceback."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+from helpers.hub_server import online_env, recording_hub
 from helpers.paths import REPO_ROOT
 from helpers.running import isolated_env
 
 
-def run_demo(*options: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = isolated_env() | {"PYTHONPATH": str(REPO_ROOT)}
+def run_demo(*options: str, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = (env or isolated_env()) | {"PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "demo", *options], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
 
 @pytest.mark.slow
 def test_the_demo_runs_every_step_and_summarises_three_models(tmp_path):
-    completed = run_demo("--pretrain-steps", "8", "--steps", "4", "--out", str(tmp_path / "demo"))
+    with recording_hub() as hub:
+        completed = run_demo("--pretrain-steps", "8", "--steps", "4", "--out", str(tmp_path / "demo"),
+                             env=online_env(isolated_env(), hub))  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
+    assert hub.requests == []
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert summary["conversion_max_logit_difference"] == 0.0
     models = summary["models"]
