@@ -7,7 +7,7 @@ from pathlib import Path
 
 import huggingface_hub
 
-from delta_qwen3.checkpoints import local_directory, read_safetensors_header
+from delta_qwen3.checkpoints import check_tokenizer_files, local_directory, read_safetensors_header
 from delta_qwen3.errors import CommandError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -128,9 +128,12 @@ def shard_files(path: Path) -> tuple[list[str], bool]:
 
 def open_source(src: str | Path, revision: str | None = None, token: str | None = None,
                 cache_dir: str | Path | None = None) -> SourceCheckpoint:
-    """Resolve `src`, check that it is a Qwen3 checkpoint and read the headers of all its shards."""
+    """Resolve `src`, check that it is a Qwen3 checkpoint and read the headers of all its shards. Its tokenizer
+    files, carried into the output unchanged, are checked too: a broken one is named now, not by the first load of
+    the converted checkpoint."""
     path, repo_id = resolve_source(src, revision, token, cache_dir)
     config = read_qwen3_config(path)
+    check_tokenizer_files(path, "SRC")
     files, sharded = shard_files(path)
     shards = {name: read_safetensors_header(path / name) for name in files}
     for name, shard in shards.items():

@@ -124,6 +124,17 @@ def test_truncated_and_corrupt_shards(src, tmp_path, capsys):
     assert "names missing shard(s) model-00003-of-00009.safetensors" in convert_fails(capsys, src, tmp_path / "out")
 
 
+def test_broken_tokenizer_files_are_named(src, tmp_path, capsys, qwen3_checkpoint):
+    # Carried into the output unchanged, they would fail only when the converted checkpoint is first loaded.
+    config = src / "tokenizer_config.json"
+    config.write_text(config.read_text()[:-5])
+    assert f"the tokenizer file {config} is not valid JSON" in convert_fails(capsys, src, tmp_path / "out")
+    shutil.copyfile(qwen3_checkpoint / "tokenizer_config.json", config)
+    (src / "tokenizer.json").write_text("{}")
+    err = convert_fails(capsys, src, tmp_path / "out")
+    assert f"the tokenizer file {src / 'tokenizer.json'} cannot be read as a tokenizer" in err
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_interrupted_conversion_leaves_no_output(src, tmp_path, monkeypatch, existing):
     """An interrupt after the weights are written leaves OUT as it was (absent, or the previous contents)."""
